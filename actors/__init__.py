@@ -1,0 +1,1 @@
+"""Actors of the bus: one actor (or one actor's facade) per module."""

@@ -1,0 +1,236 @@
+"""The bridge between pykka mailboxes and the bus: ``BusActor`` and the per-message ``Context``.
+
+An actor's thread is its only lock. A handler never kills its actor for bad input: a decode failure, a
+``BusError`` or any other exception becomes an error reply (for a request) or an error tell back to the
+sender (for a tell), and the actor goes on serving. An actor never blocks on another actor's reply: it sends
+a request with a continuation (``ask``) and the reply arrives through its own mailbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+
+from transport.codec import encode_header
+from transport.envelope import Header, node_of
+from transport.errors import BusError, Unavailable
+from transport.messages import ErrorReply, Ok, Ping, Pong
+from transport.node import Inbound, Node, Route
+from transport.pending import Reply, mark_actor_thread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyArrived:
+    """A reply (or terminal error) to a request this actor sent, delivered through its own mailbox."""
+
+    request_id: bytes
+    reply: Reply
+
+
+class Deferred:
+    """Returned by a handler that will answer later through ``Context.reply`` / ``Context.fail``."""
+
+
+DEFER = Deferred()
+
+
+class Context:
+    """The request being handled: its header and the way to answer it (once, finally)."""
+
+    __slots__ = ("_actor", "done", "header", "route")
+
+    def __init__(self, actor: BusActor, header: Header, route: Route | None) -> None:
+        self._actor = actor
+        self.header = header
+        self.route = route
+        self.done = False
+
+    @property
+    def wants_reply(self) -> bool:
+        return self.header.is_request
+
+    def partial(self, message: Any) -> None:
+        """One partial reply of a streamed request (ignored for a plain ask: it has one reply only)."""
+        if self.done:
+            raise RuntimeError(f"{self.header.kind}: already answered")
+        if self.header.flow == "stream":
+            self._actor._answer(self, message, "part")
+
+    def reply(self, message: Any) -> None:
+        if self.done:
+            raise RuntimeError(f"{self.header.kind}: already answered")
+        self.done = True
+        self._actor._open.pop(self.header.id, None)
+        if self.header.is_request:
+            self._actor._answer(self, message, "reply")
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
+        if self.done:
+            raise RuntimeError(f"{self.header.kind}: already answered")
+        self.done = True
+        self._actor._open.pop(self.header.id, None)
+        body = self._actor.node.registry.error_reply(error)
+        if self.header.is_request:
+            self._actor._answer(self, body, "reply")
+        elif self.header.flow == "tell" and self.header.kind != ErrorReply.TAG:
+            self._actor._answer(self, body, "tell")
+
+
+class BusActor(pykka.ThreadingActor):
+    """A pykka actor reachable on the bus at ``node/name``.
+
+    Subclasses implement ``handle(message, ctx)``: return the reply (``None`` means ``Ok``), raise to
+    answer with an error, or return ``DEFER`` and answer later through ``ctx``. Replies to requests this
+    actor sent with ``ask`` arrive as calls to their continuation, on this actor's thread.
+    """
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        # SimpleQueue (C) instead of pykka's queue.Queue: the mailbox hop is on every message's path.
+        return queue.SimpleQueue()
+
+    def __init__(self, node: Node, address: str) -> None:
+        super().__init__()
+        self.node = node
+        self.address = address
+        self.name = address.partition("/")[2]
+        self._continuations: dict[bytes, Callable[[Reply], None]] = {}
+        self._open: dict[bytes, Context] = {}  # deferred requests not yet answered
+
+    # ------------------------------------------------------------------------------- subclass API
+    def handle(self, message: Any, ctx: Context) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not handle {type(message).__name__}")
+
+    def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
+        """A tell this actor sent failed on the far side (or could not be delivered)."""
+        log.warning("%s: tell %s failed: %r", self.address, (tell_id or b"").hex(), error)
+
+    def ask(
+        self,
+        dst: str,
+        message: Any,
+        then: Callable[[Reply], None],
+        *,
+        timeout: float | None = None,
+        stream: bool = False,
+        **fields: Any,
+    ) -> bytes:
+        """Send a request without blocking; ``then(reply)`` runs on this actor's thread for each reply
+        (partials first when ``stream``) and for the terminal error. Returns the request id."""
+        node = self.node
+        header = node.header(
+            node.registry.tag_of(message), self.address, dst, "stream" if stream else "ask",
+            timeout=timeout if timeout is not None else node.request_timeout, **fields,
+        )
+        self._continuations[header.id] = then
+        ref = self.actor_ref
+
+        def deliver(reply: Reply) -> None:
+            try:
+                ref.tell(ReplyArrived(header.id, reply))
+            except pykka.ActorDeadError:
+                log.info("%s stopped before its reply arrived", self.address)
+
+        node.send(header, node.registry.encode(message), deliver=deliver, timeout=timeout)
+        return header.id
+
+    def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
+        return self.node.tell(dst, message, src=self.address, **fields)
+
+    # ----------------------------------------------------------------------------- pykka plumbing
+    def on_start(self) -> None:
+        mark_actor_thread(self.address)
+
+    def on_stop(self) -> None:
+        self.node.unregister(self.name, self.actor_ref)
+        for ctx in list(self._open.values()):
+            if not ctx.done:
+                ctx.fail(Unavailable(f"{self.address} stopped before answering"))
+        self._open.clear()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self.node.unregister(self.name, self.actor_ref)
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Inbound):
+            self._inbound(message)
+            return None
+        if isinstance(message, ReplyArrived):
+            self._reply_arrived(message)
+            return None
+        return self.on_local(message)
+
+    def on_local(self, message: Any) -> Any:
+        """Plain pykka messages from in-process callers (not bus traffic)."""
+        raise TypeError(f"{self.address}: unexpected local message {type(message).__name__}")
+
+    def _inbound(self, inbound: Inbound) -> None:
+        header = inbound.header
+        node = self.node
+        if node.capture is not None:
+            node.record("deliver", self.address, [encode_header(header), inbound.body])
+        ctx = Context(self, header, inbound.route)
+        try:
+            message = node.registry.decode(header.kind, inbound.body)
+            if isinstance(message, ErrorReply) and header.flow == "tell":
+                self.on_tell_error(node.registry.rebuild_error(message), header.corr)
+                return
+            if isinstance(message, Ping):
+                result: Any = Pong(nonce=message.nonce, actor=self.address)
+            else:
+                result = self.handle(message, ctx)
+        except BusError as exc:
+            log.info("%s: %s answered with %r", self.address, header.kind, exc)
+            if not ctx.done:
+                ctx.fail(exc)
+            return
+        except Exception as exc:
+            # A bug in a handler: reported to the sender and logged loudly, and the actor lives on.
+            log.exception("%s: handler for %s raised", self.address, header.kind)
+            if not ctx.done:
+                ctx.fail(exc)
+            return
+        if ctx.done or not header.is_request:
+            return
+        if result is DEFER:
+            self._open[header.id] = ctx
+            return
+        ctx.reply(Ok() if result is None else result)
+
+    def _answer(self, ctx: Context, message: Any, flow: str) -> None:
+        node = self.node
+        header = ctx.header
+        reply = node.header(
+            node.registry.tag_of(message), self.address, header.src, flow,  # type: ignore[arg-type]
+            corr=header.id, conv=header.conv, turn=header.turn,
+        )
+        route = ctx.route if node_of(header.src) != node.name else None
+        node.send(reply, node.registry.encode(message), route=route)
+
+    def _reply_arrived(self, arrived: ReplyArrived) -> None:
+        reply = arrived.reply
+        then = (
+            self._continuations.pop(arrived.request_id, None)
+            if reply.final
+            else self._continuations.get(arrived.request_id)
+        )
+        if then is None:
+            log.info("%s: dropped a reply to %s nobody waits for", self.address, arrived.request_id.hex())
+            return
+        if self.node.capture is not None and reply.header is not None and reply.error is None:
+            self.node.record(
+                "deliver", self.address,
+                [encode_header(reply.header), self.node.registry.encode(reply.message)],
+            )
+        try:
+            then(reply)
+        except Exception:
+            log.exception("%s: continuation for %s raised", self.address, arrived.request_id.hex())

@@ -1,0 +1,49 @@
+"""The wire: envelope, codec, typed errors, nodes and sockets, security, capture and replay.
+
+Knows nothing of agents; ``actors`` builds on it (``config <- transport <- actors``).
+"""
+
+from transport.codec import JsonValue, Registry
+from transport.envelope import Address, Header
+from transport.errors import (
+    ActorUnavailable,
+    BusError,
+    BusTimeout,
+    ErrorRegistry,
+    Expired,
+    HandlerError,
+    NotDelivered,
+    ProtocolError,
+    RemoteError,
+    Unavailable,
+)
+from transport.node import Inbound, Node
+from transport.pending import BlockingCallInActor, BusFuture, Reply
+from transport.security import KeyPair, Security, SecurityError
+from transport.sockets import Peer
+
+__all__ = [
+    "ActorUnavailable",
+    "Address",
+    "BlockingCallInActor",
+    "BusError",
+    "BusFuture",
+    "BusTimeout",
+    "ErrorRegistry",
+    "Expired",
+    "HandlerError",
+    "Header",
+    "Inbound",
+    "JsonValue",
+    "KeyPair",
+    "Node",
+    "NotDelivered",
+    "Peer",
+    "ProtocolError",
+    "Registry",
+    "RemoteError",
+    "Reply",
+    "Security",
+    "SecurityError",
+    "Unavailable",
+]

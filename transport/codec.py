@@ -1,0 +1,564 @@
+"""msgpack <-> headers and message bodies. With capture.py, the only module that imports msgpack.
+
+Every inbound frame is hostile until proven otherwise: sizes are bounded before decoding, msgpack runs
+with ``strict_map_key`` and ``raw=False``, only known ext types pass, header maps may not repeat a key,
+every field is type-checked against the message class, nesting is bounded, and every failure is a
+``ProtocolError`` (never a crash of the receiving thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import math
+import types
+import typing
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin, get_type_hints
+
+import msgpack
+
+from transport.envelope import FLOWS, FORMAT_VERSION, Header, is_address, is_node_name
+from transport.errors import (
+    BusError,
+    ErrorRegistry,
+    HandlerError,
+    ProtocolError,
+    RemoteError,
+)
+
+# A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
+# registered messages; nesting is bounded by MAX_DEPTH.
+JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
+
+MAX_HEADER_BYTES = 8192
+MAX_BODY_BYTES = 1 << 20
+MAX_DEPTH = 32
+UUID_EXT = 1
+TYPE_KEY = "$t"
+
+Message: TypeAlias = Any  # a registered frozen dataclass; Registry checks membership at run time
+
+
+class _Bad(Exception):
+    """Internal: a field failed its check; becomes ProtocolError with the field's path."""
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"unknown msgpack ext type {code}")
+
+
+def _body_ext(code: int, data: bytes) -> Any:
+    if code == UUID_EXT and len(data) == 16:
+        return uuid.UUID(bytes=data)
+    raise ProtocolError(f"unknown msgpack ext type {code} ({len(data)} bytes)")
+
+
+# ---------------------------------------------------------------------------------------------- header
+
+# key -> exact accepted types (`type(v) in ...`, so a bool never passes as an int). Absent = default.
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "v": (int,),
+    "id": (bytes,),
+    "kind": (str,),
+    "src": (str,),
+    "dst": (str,),
+    "flow": (str,),
+    "ts": (float, int),
+    "seq": (int,),
+    "corr": (bytes,),
+    "cause": (bytes,),
+    "conv": (str,),
+    "turn": (str,),
+    "idem": (str,),
+    "attempt": (int,),
+    "deadline": (float, int),
+    "auth": (str,),
+}
+_HEADER_REQUIRED = frozenset(("v", "id", "kind", "src", "dst", "flow", "ts"))
+_ID16 = bytes(16)
+
+
+def encode_header(h: Header) -> bytes:
+    out: dict[str, Any] = {
+        "v": h.v,
+        "id": h.id,
+        "kind": h.kind,
+        "src": h.src,
+        "dst": h.dst,
+        "flow": h.flow,
+        "ts": h.ts,
+    }
+    # Optional fields only when set: headers stay small on the hot path.
+    if h.seq:
+        out["seq"] = h.seq
+    if h.corr is not None:
+        out["corr"] = h.corr
+    if h.cause is not None:
+        out["cause"] = h.cause
+    if h.conv is not None:
+        out["conv"] = h.conv
+    if h.turn is not None:
+        out["turn"] = h.turn
+    if h.idem is not None:
+        out["idem"] = h.idem
+    if h.attempt != 1:
+        out["attempt"] = h.attempt
+    if h.deadline is not None:
+        out["deadline"] = h.deadline
+    if h.auth is not None:
+        out["auth"] = h.auth
+    return msgpack.packb(out, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _declared_map_len(frame: bytes) -> int:
+    first = frame[0] if frame else 0
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE and len(frame) >= 3:
+        return int.from_bytes(frame[1:3], "big")
+    if first == 0xDF and len(frame) >= 5:
+        return int.from_bytes(frame[1:5], "big")
+    return -1
+
+
+def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
+    """Decode one untrusted header frame; every failure is ProtocolError."""
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"header of {len(frame)} bytes exceeds {max_bytes}")
+    try:
+        raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=False, ext_hook=_reject_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises ValueError, TypeError, ExtraData, StackError, ...
+        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from exc
+    if type(raw) is not dict:
+        raise ProtocolError(f"header is a {type(raw).__name__}, not a map")
+    # A repeated key collapses in the dict: compare with the count the frame declares (cheaper than a
+    # per-pair hook, and exact).
+    if len(raw) != _declared_map_len(frame):
+        raise ProtocolError("duplicate key in header map")
+    for key, value in raw.items():
+        accepted = _HEADER_TYPES.get(key)
+        if accepted is None:
+            raise ProtocolError(f"unknown header key {key!r}")
+        if type(value) not in accepted:
+            raise ProtocolError(f"header {key!r} is a {type(value).__name__}")
+    missing = _HEADER_REQUIRED - raw.keys()
+    if missing:
+        raise ProtocolError(f"header lacks {sorted(missing)}")
+    if raw["v"] != FORMAT_VERSION:
+        raise ProtocolError(f"unsupported header format version {raw['v']!r}")
+    flow = raw["flow"]
+    if flow not in FLOWS:
+        raise ProtocolError(f"unknown flow {flow!r}")
+    if len(raw["id"]) != 16 or len(raw.get("corr", _ID16)) != 16 or len(raw.get("cause", _ID16)) != 16:
+        raise ProtocolError("message ids are 16 bytes")
+    if not is_address(raw["src"]) or not is_address(raw["dst"]):
+        raise ProtocolError(f"not an actor address: {raw['src']!r} -> {raw['dst']!r}")
+    ts = float(raw["ts"])
+    deadline = raw.get("deadline")
+    if not math.isfinite(ts) or (deadline is not None and not math.isfinite(deadline)):
+        raise ProtocolError("header times must be finite")
+    if raw.get("seq", 0) < 0 or raw.get("attempt", 1) < 1:
+        raise ProtocolError("header seq/attempt out of range")
+    if (flow == "reply" or flow == "part") and "corr" not in raw:
+        raise ProtocolError("a reply needs 'corr'")
+    return Header(
+        id=raw["id"],
+        kind=raw["kind"],
+        src=raw["src"],
+        dst=raw["dst"],
+        flow=flow,
+        ts=ts,
+        seq=raw.get("seq", 0),
+        corr=raw.get("corr"),
+        cause=raw.get("cause"),
+        conv=raw.get("conv"),
+        turn=raw.get("turn"),
+        idem=raw.get("idem"),
+        attempt=raw.get("attempt", 1),
+        deadline=None if deadline is None else float(deadline),
+        auth=raw.get("auth"),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ body
+
+Converter = Callable[[Any, int], Any]
+
+
+class Registry:
+    """The explicit table of message classes (tag -> class) and error classes a node speaks.
+
+    Built from tuples the layers list by hand; nothing registers itself at import time. Each class's
+    fields are compiled once into converters, so decoding is a table walk, not reflection per frame.
+    """
+
+    def __init__(
+        self,
+        types_: Iterable[type[Any]],
+        errors: ErrorRegistry | None = None,
+        *,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.errors = errors or ErrorRegistry()
+        self.max_body_bytes = max_body_bytes
+        self._by_tag: dict[str, type[Any]] = {}
+        self._fields: dict[type[Any], tuple[str, ...]] = {}
+        self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
+        for cls in types_:
+            self._add(cls)
+        for cls in self._by_tag.values():
+            self._compile(cls)
+
+    def _add(self, cls: type[Any]) -> None:
+        tag = cls.__dict__.get("TAG")
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"{cls.__name__} has no written-out TAG")
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls.__name__} is not a dataclass")
+        params = cls.__dataclass_params__  # type: ignore[attr-defined]
+        if not params.frozen:
+            raise TypeError(f"{cls.__name__} must be frozen: pykka does not copy messages")
+        known = self._by_tag.get(tag)
+        if known is not None and known is not cls:
+            raise ValueError(f"tag {tag!r} used by {known.__name__} and {cls.__name__}")
+        self._by_tag[tag] = cls
+
+    def extended(self, types_: Iterable[type[Any]], errors: Iterable[type[BusError]] = ()) -> Registry:
+        return Registry(
+            (*self._by_tag.values(), *types_),
+            self.errors.extended(errors),
+            max_body_bytes=self.max_body_bytes,
+        )
+
+    # -- introspection
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(self._by_tag)
+
+    @property
+    def classes(self) -> tuple[type[Any], ...]:
+        return tuple(self._by_tag.values())
+
+    def schema_hash(self) -> str:
+        """Changes whenever a tag, field name or field type changes: stamped into capture logs."""
+        h = hashlib.sha256()
+        for tag in sorted(self._by_tag):
+            cls = self._by_tag[tag]
+            hints = get_type_hints(cls, include_extras=True)
+            h.update(tag.encode())
+            for f in dataclasses.fields(cls):
+                h.update(f"|{f.name}:{hints[f.name]!r}".encode())
+        for name in self.errors.names():
+            h.update(f"!{name}".encode())
+        return h.hexdigest()[:16]
+
+    def tag_of(self, message: Any) -> str:
+        cls = type(message)
+        if self._by_tag.get(getattr(cls, "TAG", "")) is not cls:
+            raise TypeError(f"{cls.__name__} is not a registered message")
+        return cls.TAG  # type: ignore[no-any-return]
+
+    def cls_for(self, tag: str) -> type[Any] | None:
+        return self._by_tag.get(tag)
+
+    # -- encoding
+    def _default(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls in self._fields:
+            out = {TYPE_KEY: cls.TAG}
+            for name in self._fields[cls]:
+                out[name] = getattr(obj, name)
+            return out
+        if isinstance(obj, uuid.UUID):
+            return msgpack.ExtType(UUID_EXT, obj.bytes)
+        if isinstance(obj, enum.Enum):
+            return obj.value
+        if isinstance(obj, frozenset | set):
+            return sorted(obj)
+        raise TypeError(f"cannot put a {cls.__name__} on the wire")
+
+    def encode(self, message: Any) -> bytes:
+        """The body frame of ``message`` (its fields as a map; the tag travels in the header's kind)."""
+        cls = type(message)
+        names = self._fields.get(cls)
+        if names is None or self._by_tag.get(cls.TAG) is not cls:
+            raise TypeError(f"{cls.__name__} is not a registered message")
+        body = {name: getattr(message, name) for name in names}
+        frame: bytes = msgpack.packb(body, use_bin_type=True, default=self._default)
+        if len(frame) > self.max_body_bytes:
+            raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
+        return frame
+
+    # -- decoding
+    def decode(self, kind: str, frame: bytes) -> Any:
+        """Decode one untrusted body frame for header kind ``kind``; every failure is ProtocolError."""
+        if len(frame) > self.max_body_bytes:
+            raise ProtocolError(f"body of {len(frame)} bytes exceeds {self.max_body_bytes}")
+        cls = self._by_tag.get(kind)
+        if cls is None:
+            raise ProtocolError(f"unknown message kind {kind!r}")
+        try:
+            raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_body_ext)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # msgpack documents non-UnpackException failures too
+            raise ProtocolError(f"undecodable {kind} body: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{kind} body is a {type(raw).__name__}, not a map")
+        try:
+            return self._build(cls, raw, 0)
+        except _Bad as exc:
+            raise ProtocolError(f"bad {kind} body: {exc}") from None
+
+    def _build(self, cls: type[Any], raw: dict[str, Any], depth: int) -> Any:
+        kwargs: dict[str, Any] = {}
+        seen = 0
+        for name, conv, required in self._convert[cls]:
+            if name in raw:
+                seen += 1
+                try:
+                    kwargs[name] = conv(raw[name], depth + 1)
+                except _Bad as exc:
+                    raise _Bad(f"{name}: {exc}") from None
+            elif required:
+                raise _Bad(f"missing field {name!r}")
+        if seen != len(raw) - (TYPE_KEY in raw):
+            extra = sorted(str(k) for k in raw.keys() - set(self._fields[cls]) - {TYPE_KEY})
+            raise _Bad(f"unknown fields {extra}")
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:  # __post_init__ validation of the class itself
+            raise _Bad(str(exc)) from None
+
+    def _compile(self, cls: type[Any]) -> None:
+        hints = get_type_hints(cls, include_extras=True)
+        fields = tuple(f for f in dataclasses.fields(cls) if f.init)
+        self._fields[cls] = tuple(f.name for f in fields)
+        self._convert[cls] = tuple(
+            (
+                f.name,
+                self._converter(hints[f.name]),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in fields
+        )
+
+    def _converter(self, hint: Any) -> Converter:  # noqa: C901 - one row per supported type form
+        origin = get_origin(hint)
+        if origin is Annotated:
+            if "kbus.json" in hint.__metadata__:
+                return self._any_value
+            return self._converter(get_args(hint)[0])
+        if hint is Any or hint is object:
+            return self._any_value
+        if hint is type(None):
+            return _expect_none
+        if hint in (str, bytes, bool):
+            return _exact(hint)
+        if hint is int:
+            return _int
+        if hint is float:
+            return _float
+        if hint is uuid.UUID:
+            return _exact(uuid.UUID)
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return _enum(hint)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            return self._nested(hint)
+        if origin in (Union, types.UnionType):
+            return _union(tuple(self._converter(a) for a in get_args(hint)))
+        if origin is typing.Literal:
+            return _literal(frozenset(get_args(hint)))
+        if origin is tuple:
+            args = get_args(hint)
+            if len(args) == 2 and args[1] is Ellipsis:
+                return _tuple_of(self._converter(args[0]))
+            return _fixed_tuple(tuple(self._converter(a) for a in args))
+        if origin in (dict, Mapping):
+            key, value = get_args(hint) or (str, Any)
+            if key is not str:
+                raise TypeError(f"only str-keyed maps travel: {hint!r}")
+            return _dict_of(self._converter(value))
+        if origin is list:
+            (item,) = get_args(hint) or (Any,)
+            return _list_of(self._converter(item))
+        raise TypeError(f"no wire form for field type {hint!r}")
+
+    def _nested(self, cls: type[Any]) -> Converter:
+        tag = getattr(cls, "TAG", None)
+
+        def convert(value: Any, depth: int) -> Any:
+            if depth > MAX_DEPTH:
+                raise _Bad("nested too deep")
+            if isinstance(value, cls):  # already built (an Any-typed parent decoded it)
+                return value
+            if not isinstance(value, dict) or value.get(TYPE_KEY) != tag or cls not in self._convert:
+                raise _Bad(f"expected a {cls.__name__}")
+            return self._build(cls, value, depth)
+
+        return convert
+
+    def _any_value(self, value: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise _Bad("nested too deep")
+        if value is None or isinstance(value, str | bytes | bool | int | uuid.UUID):
+            return value
+        if isinstance(value, float):
+            return value
+        if isinstance(value, list | tuple):
+            return [self._any_value(v, depth + 1) for v in value]
+        if isinstance(value, dict):
+            tag = value.get(TYPE_KEY)
+            if isinstance(tag, str) and tag in self._by_tag:
+                return self._build(self._by_tag[tag], value, depth + 1)
+            return {k: self._any_value(v, depth + 1) for k, v in value.items()}
+        raise _Bad(f"unexpected {type(value).__name__}")
+
+    # -- errors on the wire
+    def error_reply(self, exc: BaseException, *, depth: int = 0) -> Any:
+        """An ``ErrorReply`` body for ``exc``, with its cause chain (bounded)."""
+        from transport.messages import ErrorReply
+
+        cause_exc = exc.__cause__
+        cause = (
+            self.error_reply(cause_exc, depth=depth + 1)
+            if cause_exc is not None and depth < 4
+            else None
+        )
+        if isinstance(exc, BusError):
+            wire = exc.WIRE if type(exc) in self.errors else RemoteError.WIRE
+            fields = exc.wire_fields()
+            if wire == RemoteError.WIRE and type(exc) is not RemoteError:
+                fields = {**fields, "wire_name": exc.WIRE}
+            return ErrorReply(error=wire, message=exc.message, fields=fields, cause=cause)
+        return ErrorReply(
+            error=HandlerError.WIRE,
+            message=f"{type(exc).__name__}: {exc}",
+            fields={"exc_type": type(exc).__name__},
+            cause=cause,
+            exc_type=type(exc).__name__,
+        )
+
+    def rebuild_error(self, reply: Any) -> BusError:
+        """The exception an ``ErrorReply`` describes, as the same class, with ``__cause__`` restored."""
+        cls = self.errors.lookup(reply.error)
+        if cls is None:
+            err: BusError = RemoteError(reply.message, wire_name=reply.error, **reply.fields)
+        else:
+            try:
+                err = cls.from_wire(reply.message, reply.fields)
+            except (TypeError, ValueError, KeyError) as exc:
+                err = ProtocolError(f"malformed {reply.error} error: {exc}")
+        if reply.cause is not None:
+            err.__cause__ = self.rebuild_error(reply.cause)
+        return err
+
+
+def _exact(kind: type) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        if type(value) is not kind:
+            raise _Bad(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return convert
+
+
+def _int(value: Any, depth: int) -> Any:
+    if type(value) is not int:
+        raise _Bad(f"expected int, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any, depth: int) -> Any:
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    raise _Bad(f"expected float, got {type(value).__name__}")
+
+
+def _expect_none(value: Any, depth: int) -> Any:
+    if value is not None:
+        raise _Bad(f"expected nil, got {type(value).__name__}")
+    return None
+
+
+def _enum(cls: type[enum.Enum]) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        try:
+            return cls(value)
+        except ValueError:
+            raise _Bad(f"{value!r} is not a {cls.__name__}") from None
+
+    return convert
+
+
+def _literal(allowed: frozenset[Any]) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
+            raise _Bad(f"{value!r} is not one of {sorted(map(repr, allowed))}")
+        return value
+
+    return convert
+
+
+def _union(options: tuple[Converter, ...]) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        reasons = []
+        for option in options:
+            try:
+                return option(value, depth)
+            except _Bad as exc:
+                reasons.append(str(exc))
+        raise _Bad(" / ".join(reasons))
+
+    return convert
+
+
+def _tuple_of(item: Converter) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        if not isinstance(value, list | tuple):
+            raise _Bad(f"expected an array, got {type(value).__name__}")
+        if depth > MAX_DEPTH:
+            raise _Bad("nested too deep")
+        return tuple(item(v, depth + 1) for v in value)
+
+    return convert
+
+
+def _list_of(item: Converter) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        return list(_tuple_of(item)(value, depth))
+
+    return convert
+
+
+def _fixed_tuple(items: tuple[Converter, ...]) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        if not isinstance(value, list | tuple) or len(value) != len(items):
+            raise _Bad(f"expected an array of {len(items)}")
+        return tuple(c(v, depth + 1) for c, v in zip(items, value, strict=True))
+
+    return convert
+
+
+def _dict_of(item: Converter) -> Converter:
+    def convert(value: Any, depth: int) -> Any:
+        if not isinstance(value, dict):
+            raise _Bad(f"expected a map, got {type(value).__name__}")
+        if depth > MAX_DEPTH:
+            raise _Bad("nested too deep")
+        return {k: item(v, depth + 1) for k, v in value.items()}
+
+    return convert
+
+
+def check_node_name(name: str) -> str:
+    if not is_node_name(name):
+        raise ValueError(f"not a node name: {name!r}")
+    return name

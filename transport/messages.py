@@ -1,0 +1,87 @@
+"""The transport's own message bodies: heartbeat, echo, hello, ok and the error reply.
+
+Every body is a frozen, slotted, keyword-only dataclass with a written-out ``TAG``. Other layers declare
+theirs the same way and pass an explicit tuple to ``transport.codec.Registry``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from transport.codec import JsonValue
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ping:
+    """Application heartbeat: answered by the actor's own thread, so it proves the mailbox is moving."""
+
+    TAG: ClassVar[str] = "sys.ping"
+    nonce: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pong:
+    TAG: ClassVar[str] = "sys.pong"
+    nonce: int = 0
+    actor: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ok:
+    """The reply to a request whose handler returned nothing: every request ends in one terminal reply."""
+
+    TAG: ClassVar[str] = "sys.ok"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """Sent by a node on each outbound connection so the peer can route messages back over it."""
+
+    TAG: ClassVar[str] = "sys.hello"
+    node: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorReply:
+    """A typed error on the wire: ``error`` is the class's wire name, rebuilt by ``ErrorRegistry``."""
+
+    TAG: ClassVar[str] = "sys.error"
+    error: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    cause: ErrorReply | None = None
+    # For a cause that is not a BusError (e.g. an OSError inside a provider): its Python type name.
+    exc_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Echo:
+    """Sent back unchanged by the built-in echo actor (ping and benchmarks)."""
+
+    TAG: ClassVar[str] = "echo"
+    payload: bytes = b""
+    text: str = ""
+    seq: int = 0
+    data: JsonValue = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EchoStream:
+    """Ask the echo actor for ``count`` partial replies followed by one final reply."""
+
+    TAG: ClassVar[str] = "echo.stream"
+    count: int
+    payload: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fail:
+    """Ask the echo actor to raise: a ``BusError`` of ``error`` (a wire name) or, if empty, a plain bug."""
+
+    TAG: ClassVar[str] = "echo.fail"
+    error: str = ""
+    message: str = "failure requested"
+
+
+SYSTEM_MESSAGES: tuple[type[Any], ...] = (Ping, Pong, Ok, Hello, ErrorReply, Echo, EchoStream, Fail)

@@ -1,0 +1,222 @@
+"""Requests in flight: correlation id -> who waits, until which deadline, over which peer.
+
+Every request ends in exactly one terminal outcome (reply, error, NotDelivered, Unavailable, Expired): the
+entry is removed by whichever outcome comes first, so a duplicate or late reply finds nothing and is
+counted and dropped (MB-04).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from transport.envelope import Header
+from transport.errors import BusError, Expired
+
+log = logging.getLogger(__name__)
+
+_actor_thread = threading.local()
+
+
+class BlockingCallInActor(RuntimeError):
+    """An actor thread tried to wait for a reply: that would block its mailbox (DESIGN.md §2)."""
+
+
+def mark_actor_thread(address: str | None) -> None:
+    _actor_thread.address = address
+
+
+def current_actor() -> str | None:
+    return getattr(_actor_thread, "address", None)
+
+
+def forbid_blocking(what: str) -> None:
+    address = current_actor()
+    if address is not None:
+        raise BlockingCallInActor(
+            f"{what} from actor {address}'s own thread would block its mailbox; "
+            "send a request with a continuation instead"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One reply (partial or final) or a terminal error, as seen by whoever waits."""
+
+    message: Any
+    error: BusError | None
+    final: bool
+    header: Header | None = None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.message
+
+
+_END = object()
+
+
+class BusFuture(concurrent.futures.Future[Any]):
+    """A request's terminal reply. Waiting on it from an actor thread raises ``BlockingCallInActor``.
+
+    For a streamed request, ``parts()`` yields each partial reply as it arrives, then the final one.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.request_id: bytes = b""
+        self._on_cancel: Callable[[], None] | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            forbid_blocking("BusFuture.result()")
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            forbid_blocking("BusFuture.exception()")
+        return super().exception(timeout)
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled and self._on_cancel is not None:
+            self._on_cancel()
+        return cancelled
+
+    def _part(self, message: Any) -> None:
+        self._parts.put(message)
+
+    def _finish(self, reply: Reply) -> None:
+        if reply.error is not None:
+            self._parts.put(reply.error)
+            if not self.done():
+                self.set_exception(reply.error)
+        else:
+            self._parts.put(_END)
+            if not self.done():
+                self.set_result(reply.message)
+
+    def parts(self, timeout: float | None = None) -> Iterator[Any]:
+        """Partial replies in order, then the final reply; raises the terminal error if there is one."""
+        forbid_blocking("BusFuture.parts()")
+        while True:
+            try:
+                item = self._parts.get(timeout=timeout)
+            except queue.Empty:
+                raise Expired(f"no reply part within {timeout}s") from None
+            if item is _END:
+                yield self.result(0)
+                return
+            if isinstance(item, BusError):
+                raise item
+            yield item
+
+
+@dataclass(order=True, slots=True)
+class _Timer:
+    at: float
+    id: bytes = field(compare=False)
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """Who waits for ``id``: a future (any thread) or an actor continuation (delivered to its mailbox)."""
+
+    id: bytes
+    peer: str
+    deadline: float  # monotonic seconds
+    deliver: Callable[[Reply], None]
+    stream: bool = False
+
+
+class PendingTable:
+    """Thread-safe: senders register, the I/O thread (or a local replier) resolves, the I/O thread expires."""
+
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[bytes, PendingRequest] = {}
+        self._timers: list[_Timer] = []
+        self._monotonic = monotonic
+        self.late_replies = 0
+
+    def add(self, entry: PendingRequest) -> None:
+        with self._lock:
+            self._entries[entry.id] = entry
+            heapq.heappush(self._timers, _Timer(entry.deadline, entry.id))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._entries
+
+    def discard(self, request_id: bytes) -> None:
+        with self._lock:
+            self._entries.pop(request_id, None)
+
+    def resolve(self, request_id: bytes, reply: Reply) -> bool:
+        """Hand ``reply`` to its waiter; False (and counted) when nobody waits any more."""
+        with self._lock:
+            entry = self._entries.get(request_id)
+            if entry is None:
+                self.late_replies += 1
+            elif reply.final:
+                del self._entries[request_id]
+        if entry is None:
+            log.info("dropped a late or duplicate reply to %s", request_id.hex())
+            return False
+        _deliver(entry, reply)
+        return True
+
+    def fail_peer(self, peer: str, error_for: Callable[[PendingRequest], BusError]) -> int:
+        """End every request in flight over ``peer`` (its connection dropped)."""
+        with self._lock:
+            gone = [e for e in self._entries.values() if e.peer == peer]
+            for e in gone:
+                del self._entries[e.id]
+        for e in gone:
+            _deliver(e, Reply(None, error_for(e), True))
+        return len(gone)
+
+    def expire_due(self) -> float | None:
+        """Expire what is due; return seconds until the next deadline (None when nothing waits)."""
+        now = self._monotonic()
+        due: list[PendingRequest] = []
+        with self._lock:
+            while self._timers and self._timers[0].at <= now:
+                timer = heapq.heappop(self._timers)
+                entry = self._entries.get(timer.id)
+                if entry is not None and entry.deadline <= now:
+                    del self._entries[timer.id]
+                    due.append(entry)
+            # Timers of resolved entries linger in the heap; drop them when they dominate it.
+            if len(self._timers) > 64 and len(self._timers) > 4 * len(self._entries):
+                self._timers = [t for t in self._timers if t.id in self._entries]
+                heapq.heapify(self._timers)
+            nxt = self._timers[0].at - now if self._timers else None
+        for entry in due:
+            _deliver(entry, Reply(None, Expired(f"no reply within the deadline (peer {entry.peer})"), True))
+        return nxt
+
+    def fail_all(self, error: BusError) -> None:
+        with self._lock:
+            gone = list(self._entries.values())
+            self._entries.clear()
+            self._timers.clear()
+        for e in gone:
+            _deliver(e, Reply(None, error, True))
+
+
+def _deliver(entry: PendingRequest, reply: Reply) -> None:
+    try:
+        entry.deliver(reply)
+    except Exception:  # a waiter's bug must not kill the thread that delivers
+        log.exception("delivering the reply to %s failed", entry.id.hex())
