@@ -20,7 +20,7 @@ from transport.codec import encode_header
 from transport.envelope import Header, node_of
 from transport.errors import BusError, Unavailable
 from transport.messages import ErrorReply, Ok, Ping, Pong
-from transport.node import Inbound, Node, Route
+from transport.node import BARRIER, Inbound, Node, Route
 from transport.pending import Reply, mark_actor_thread
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,8 @@ class BusActor(pykka.ThreadingActor):
         if isinstance(message, ReplyArrived):
             self._reply_arrived(message)
             return None
+        if message is BARRIER:
+            return None
         return self.on_local(message)
 
     def on_local(self, message: Any) -> Any:
@@ -215,6 +217,21 @@ class BusActor(pykka.ThreadingActor):
         route = ctx.route if node_of(header.src) != node.name else None
         node.send(reply, node.registry.encode(message), route=route)
 
+    def _record_reply(self, request_id: bytes, reply: Reply) -> None:
+        node = self.node
+        if reply.error is not None:
+            # Locally decided outcomes (Expired, NotDelivered, Unavailable) have no frames of their own:
+            # record them as the error reply they stand for, so a replay reproduces them.
+            body = node.registry.encode(node.registry.error_reply(reply.error))
+            header = node.header(ErrorReply.TAG, f"{node.name}/node", self.address, "reply", corr=request_id)
+        else:
+            body = node.registry.encode(reply.message)
+            header = reply.header or node.header(
+                node.registry.tag_of(reply.message), f"{node.name}/node", self.address,
+                "reply" if reply.final else "part", corr=request_id,
+            )
+        node.record("deliver", self.address, [encode_header(header), body])
+
     def _reply_arrived(self, arrived: ReplyArrived) -> None:
         reply = arrived.reply
         then = (
@@ -225,11 +242,8 @@ class BusActor(pykka.ThreadingActor):
         if then is None:
             log.info("%s: dropped a reply to %s nobody waits for", self.address, arrived.request_id.hex())
             return
-        if self.node.capture is not None and reply.header is not None and reply.error is None:
-            self.node.record(
-                "deliver", self.address,
-                [encode_header(reply.header), self.node.registry.encode(reply.message)],
-            )
+        if self.node.capture is not None:
+            self._record_reply(arrived.request_id, reply)
         try:
             then(reply)
         except Exception:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.base import BusActor, Context
+from actors.base import DEFER, BusActor, Context
 from transport.errors import HandlerError
-from transport.messages import Echo, EchoStream, Fail
+from transport.messages import Echo, EchoStream, Fail, Hold
 
 
 class EchoActor(BusActor):
@@ -25,6 +25,8 @@ class EchoActor(BusActor):
                 for i in range(count):
                     ctx.partial(Echo(payload=payload, seq=i))
                 return Echo(payload=payload, seq=count)
+            case Hold():
+                return DEFER  # answered only by on_stop (Unavailable), or never if the process dies
             case Fail(error="", message=text):
                 raise RuntimeError(text)
             case Fail(error=wire, message=text):

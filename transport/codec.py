@@ -562,3 +562,13 @@ def check_node_name(name: str) -> str:
     if not is_node_name(name):
         raise ValueError(f"not a node name: {name!r}")
     return name
+
+
+def decode_for_display(frame: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> Any:
+    """Any msgpack frame as plain data, for people reading logs: bounded, never executes anything."""
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds {max_bytes}")
+    try:
+        return msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_body_ext)
+    except Exception as exc:
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc

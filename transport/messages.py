@@ -84,4 +84,12 @@ class Fail:
     message: str = "failure requested"
 
 
-SYSTEM_MESSAGES: tuple[type[Any], ...] = (Ping, Pong, Ok, Hello, ErrorReply, Echo, EchoStream, Fail)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hold:
+    """Ask the echo actor to accept a request and never answer it (deadline and peer-death tests)."""
+
+    TAG: ClassVar[str] = "echo.hold"
+    note: str = ""
+
+
+SYSTEM_MESSAGES: tuple[type[Any], ...] = (Ping, Pong, Ok, Hello, ErrorReply, Echo, EchoStream, Fail, Hold)

@@ -71,6 +71,10 @@ class Inbound:
     route: Route | None
 
 
+# A local message every BusActor answers with None once everything before it in its mailbox is handled.
+BARRIER = object()
+
+
 class ActorRefLike(Protocol):
     def tell(self, message: Any) -> None: ...
 
@@ -422,6 +426,20 @@ class Node:
     def record(self, at: RecordKind, actor: str, frames: list[bytes]) -> None:
         if self.capture is not None:
             self.capture.record(at, actor, frames)
+
+    def now(self, actor: str) -> float:
+        """The wall clock as ``actor`` sees it: captured as a ``clock`` record, served from it on replay."""
+        t = self.clock()
+        if self.capture is not None:
+            self.capture.record("clock", actor, [repr(t).encode()])
+        return t
+
+    def effect(self, actor: str, key: bytes, produce: Callable[[], bytes]) -> bytes:
+        """Run a non-deterministic input (a provider or tool result) and capture it; replay serves it."""
+        value = produce()
+        if self.capture is not None:
+            self.capture.record("effect", actor, [key, value])
+        return value
 
     def send(
         self,

@@ -1,0 +1,236 @@
+"""The ``kbus`` command: run a node, ping one, make keys, read capture logs."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("kbus")
+
+
+def check_install() -> None:
+    """Guard for the generic top-level names (STYLE.md 3.2): all three must come from one folder."""
+    import actors
+    import config
+    import transport
+
+    roots = {Path(str(m.__file__)).resolve().parents[1] for m in (actors, config, transport)}
+    if len(roots) != 1:
+        raise SystemExit(f"kbus: actors/transport/config imported from different places: {sorted(map(str, roots))}")
+
+
+# ------------------------------------------------------------------------------------------------- node
+def cmd_node(args: argparse.Namespace) -> int:
+    from actors.nodes import build_node
+    from config import ConfigError, load
+
+    try:
+        settings = load(args.config)
+    except ConfigError as exc:
+        print(f"kbus node: {exc}", file=sys.stderr)
+        return 2
+    from transport.security import SecurityError
+
+    try:
+        node = build_node(settings, capture=args.capture)
+    except (ConfigError, SecurityError) as exc:
+        print(f"kbus node: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print(f"kbus node {node.name}: listening on {', '.join(node.endpoints) or '(no endpoint)'}; "
+          f"actors: {', '.join(node.actors())}", flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        node.stop()
+        print(f"kbus node {node.name}: stopped", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------- ping
+def _key_arg(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if os.path.exists(text):
+        from transport.security import load_public_key
+
+        return load_public_key(text)
+    return text
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    from transport import BusError, KeyPair, Node, Peer, Security
+    from transport.messages import Ping, Pong
+
+    keys = KeyPair.load(args.key) if args.key else None
+    security = Security(keys=keys, plain_insecure_for_benchmarks=args.plain)
+    client = Node(f"ping-{os.getpid()}", security=security).start()
+    address = f"{args.node}/{args.actor}"
+    client.connect(Peer(args.node, args.endpoint, _key_arg(args.server_key)))
+    times: list[float] = []
+    failures = 0
+    try:
+        for i in range(args.count):
+            t0 = time.perf_counter()
+            try:
+                pong = client.request(address, Ping(nonce=i), timeout=args.timeout)
+            except BusError as exc:
+                failures += 1
+                print(f"{address}: seq={i} {type(exc).__name__}: {exc}", flush=True)
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            assert isinstance(pong, Pong)
+            times.append(ms)
+            print(f"pong from {pong.actor}: seq={pong.nonce} time={ms:.3f} ms", flush=True)
+    finally:
+        client.stop()
+    summary = f"--- {address}: {args.count} sent, {len(times)} answered"
+    if times:
+        summary += f", rtt min/median/max = {min(times):.3f}/{statistics.median(times):.3f}/{max(times):.3f} ms"
+    print(summary)
+    return 0 if failures == 0 else 1
+
+
+# ------------------------------------------------------------------------------------------------- keys
+def cmd_keys(args: argparse.Namespace) -> int:
+    from transport.security import SecurityError, create_keys, load_public_key
+
+    try:
+        public, secret = create_keys(args.dir, args.name)
+    except SecurityError as exc:
+        print(f"kbus keys: {exc}", file=sys.stderr)
+        return 1
+    print(f"public key file: {public}\nsecret key file: {secret} (mode 0600)\npublic key: {load_public_key(public)}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------- log
+def _printable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    if isinstance(value, float | int | str | bool) or value is None:
+        return value
+    return repr(value)
+
+
+def describe_record(record: Any) -> dict[str, Any]:
+    from transport.codec import decode_for_display, decode_header
+    from transport.errors import ProtocolError
+
+    out: dict[str, Any] = {"n": record.n, "at": record.at, "actor": record.actor, "mono_ns": record.mono_ns}
+    if record.at in ("send", "deliver") and len(record.frames) == 2:
+        try:
+            header = decode_header(record.frames[0])
+            out["header"] = {k: v.hex() if isinstance(v, bytes) else v for k, v in header._asdict().items()
+                             if v is not None}
+            out["body"] = _printable(decode_for_display(record.frames[1]))
+        except ProtocolError as exc:
+            out["error"] = str(exc)
+    else:
+        out["frames"] = [_printable(f) for f in record.frames]
+    return out
+
+
+def _one_line(d: dict[str, Any]) -> str:
+    head = f"{d['n']:>6} {d['at']:<7} {d['actor']:<24}"
+    h = d.get("header")
+    if h is None:
+        return f"{head} {d.get('error') or json.dumps(d.get('frames'))[:120]}"
+    corr = f" re={h['corr'][:8]}" if "corr" in h else ""
+    body = json.dumps(d.get("body"), separators=(",", ":"))
+    if len(body) > 100:
+        body = body[:97] + "..."
+    return f"{head} {h['kind']:<14} {h['flow']:<6} {h['src']} -> {h['dst']} id={h['id'][:8]}{corr} {body}"
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from transport.capture import CaptureError, iter_records, read_log, verify
+
+    if args.log_command == "verify":
+        report = verify(args.file)
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        print(f"{args.file}: {report.records} records, {'ok' if report.ok else 'NOT OK'}")
+        return 0 if report.ok else 1
+    try:
+        header = read_log(args.file).header if not args.json else None
+        if header is not None:
+            print(f"# {args.file}: node {header.node}, schema {header.schema}, created "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(header.created))} UTC")
+        for record in iter_records(args.file):
+            d = describe_record(record)
+            print(json.dumps(d) if args.json else _one_line(d), flush=False)
+    except CaptureError as exc:
+        print(f"kbus log: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------- main
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kbus", description="kbus: an actor message bus for LLM agents")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("node", help="run a node with the actors its config names, until SIGINT/SIGTERM")
+    p.add_argument("--config", required=True, help="TOML file (see config/default.toml)")
+    p.add_argument("--capture", help="record every envelope to this .buslog (overrides node.capture)")
+    p.set_defaults(func=cmd_node)
+
+    p = sub.add_parser("ping", help="round trips to an actor's mailbox (application heartbeat)")
+    p.add_argument("endpoint", help="ipc://PATH or tcp://HOST:PORT of the node")
+    p.add_argument("--node", required=True, help="the node's name")
+    p.add_argument("--actor", default="echo", help="actor name on that node (default: echo)")
+    p.add_argument("--count", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--server-key", help="the node's public key (Z85 text or a .key file), for tcp")
+    p.add_argument("--key", help="this client's secret key file (must be on the node's allowlist)")
+    p.add_argument("--plain", action="store_true", help="plain tcp (only against benchmark nodes)")
+    p.set_defaults(func=cmd_ping)
+
+    p = sub.add_parser("keys", help="create a CURVE key pair (NAME.key, NAME.key_secret mode 0600)")
+    p.add_argument("name")
+    p.add_argument("--dir", default="keys")
+    p.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser("log", help="read capture logs (.buslog)")
+    logsub = p.add_subparsers(dest="log_command", required=True)
+    show = logsub.add_parser("show", help="one line per record")
+    show.add_argument("file")
+    show.add_argument("--json", action="store_true", help="one JSON object per record")
+    verify_p = logsub.add_parser("verify", help="check the hash chain, numbering and order")
+    verify_p.add_argument("file")
+    p.set_defaults(func=cmd_log)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    check_install()
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
