@@ -12,15 +12,16 @@ import logging
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pykka
 
 from transport.codec import encode_header
-from transport.envelope import Header, node_of
+from transport.envelope import Header, Inbound, Route, node_of
 from transport.errors import BusError, Unavailable
+from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
-from transport.node import BARRIER, Inbound, Node, Route
+from transport.node import BARRIER, Node
 from transport.pending import Reply, mark_actor_thread
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,16 @@ class BusActor(pykka.ThreadingActor):
         # SimpleQueue (C) instead of pykka's queue.Queue: the mailbox hop is on every message's path.
         return queue.SimpleQueue()
 
+    # A direct actor also takes peers' traffic on its own socket (transport/inbox.py): no thread hand-off
+    # between a remote caller and the handler. For actors on the hot path of blocking calls.
+    DIRECT: ClassVar[bool] = False
+
     def __init__(self, node: Node, address: str) -> None:
         super().__init__()
+        if self.DIRECT and node.endpoints:
+            inbox = SocketInbox(node, address.partition("/")[2])
+            self.actor_inbox = inbox
+            self.actor_ref.actor_inbox = inbox
         self.node = node
         self.address = address
         self.name = address.partition("/")[2]
@@ -151,6 +160,8 @@ class BusActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.node.unregister(self.name, self.actor_ref)
+        if isinstance(self.actor_inbox, SocketInbox):
+            self.actor_inbox.close()
         for ctx in list(self._open.values()):
             if not ctx.done:
                 ctx.fail(Unavailable(f"{self.address} stopped before answering"))
@@ -158,6 +169,16 @@ class BusActor(pykka.ThreadingActor):
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         self.node.unregister(self.name, self.actor_ref)
+        if isinstance(self.actor_inbox, SocketInbox):
+            self.actor_inbox.close()
+
+    def _handle_receive(self, message: Any) -> Any:
+        # Bus traffic skips pykka's checks for its own system messages (stop, proxy calls): it is the
+        # bulk of what an actor receives, and the hot path of every request.
+        if type(message) is Inbound:
+            self._inbound(message)
+            return None
+        return super()._handle_receive(message)
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Inbound):

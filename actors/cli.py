@@ -78,7 +78,10 @@ def cmd_ping(args: argparse.Namespace) -> int:
 
     keys = KeyPair.load(args.key) if args.key else None
     security = Security(keys=keys, plain_insecure_for_benchmarks=args.plain)
-    client = Node(f"ping-{os.getpid()}", security=security).start()
+    # A CURVE server lets a key speak only as the node name its allowlist gives it; `kbus keys NAME`
+    # writes NAME.key_secret, so the key file's name is the natural default.
+    name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"ping-{os.getpid()}")
+    client = Node(name, security=security).start()
     address = f"{args.node}/{args.actor}"
     client.connect(Peer(args.node, args.endpoint, _key_arg(args.server_key)))
     times: list[float] = []
@@ -204,6 +207,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--server-key", help="the node's public key (Z85 text or a .key file), for tcp")
     p.add_argument("--key", help="this client's secret key file (must be on the node's allowlist)")
     p.add_argument("--plain", action="store_true", help="plain tcp (only against benchmark nodes)")
+    p.add_argument("--name", help="this client's node name (default: the --key file's name, or ping-PID)")
     p.set_defaults(func=cmd_ping)
 
     p = sub.add_parser("keys", help="create a CURVE key pair (NAME.key, NAME.key_secret mode 0600)")

@@ -4,7 +4,7 @@ Knows nothing of agents; ``actors`` builds on it (``config <- transport <- actor
 """
 
 from transport.codec import JsonValue, Registry
-from transport.envelope import Address, Header
+from transport.envelope import Address, Header, Inbound
 from transport.errors import (
     ActorUnavailable,
     BusError,
@@ -17,7 +17,7 @@ from transport.errors import (
     RemoteError,
     Unavailable,
 )
-from transport.node import Inbound, Node
+from transport.node import Node
 from transport.pending import BlockingCallInActor, BusFuture, Reply
 from transport.security import KeyPair, Security, SecurityError
 from transport.sockets import Peer

@@ -58,70 +58,36 @@ def _body_ext(code: int, data: bytes) -> Any:
 
 # ---------------------------------------------------------------------------------------------- header
 
-# key -> exact accepted types (`type(v) in ...`, so a bool never passes as an int). Absent = default.
-_HEADER_TYPES: dict[str, tuple[type, ...]] = {
-    "v": (int,),
-    "id": (bytes,),
-    "kind": (str,),
-    "src": (str,),
-    "dst": (str,),
-    "flow": (str,),
-    "ts": (float, int),
-    "seq": (int,),
-    "corr": (bytes,),
-    "cause": (bytes,),
-    "conv": (str,),
-    "turn": (str,),
-    "idem": (str,),
-    "attempt": (int,),
-    "deadline": (float, int),
-    "auth": (str,),
-}
-_HEADER_REQUIRED = frozenset(("v", "id", "kind", "src", "dst", "flow", "ts"))
-_ID16 = bytes(16)
+_NONE = type(None)
+# The header is a fixed msgpack array in ``Header`` field order (see envelope.py): no keys to repeat or
+# invent, and decoding is one C call plus one type check per slot. The version is the last slot.
+_HEADER_SLOTS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("id", (bytes,)),
+    ("kind", (str,)),
+    ("src", (str,)),
+    ("dst", (str,)),
+    ("flow", (str,)),
+    ("ts", (float, int)),
+    ("seq", (int,)),
+    ("corr", (bytes, _NONE)),
+    ("cause", (bytes, _NONE)),
+    ("conv", (str, _NONE)),
+    ("turn", (str, _NONE)),
+    ("idem", (str, _NONE)),
+    ("attempt", (int,)),
+    ("deadline", (float, int, _NONE)),
+    ("auth", (str, _NONE)),
+    ("v", (int,)),
+)
+_SLOT_TYPES = tuple(types for _, types in _HEADER_SLOTS)
+_HEADER_LEN = len(_HEADER_SLOTS)
+if tuple(name for name, _ in _HEADER_SLOTS) != Header._fields:  # pragma: no cover - a programming error
+    raise ImportError("codec header slots and envelope.Header fields disagree")
 
 
 def encode_header(h: Header) -> bytes:
-    out: dict[str, Any] = {
-        "v": h.v,
-        "id": h.id,
-        "kind": h.kind,
-        "src": h.src,
-        "dst": h.dst,
-        "flow": h.flow,
-        "ts": h.ts,
-    }
-    # Optional fields only when set: headers stay small on the hot path.
-    if h.seq:
-        out["seq"] = h.seq
-    if h.corr is not None:
-        out["corr"] = h.corr
-    if h.cause is not None:
-        out["cause"] = h.cause
-    if h.conv is not None:
-        out["conv"] = h.conv
-    if h.turn is not None:
-        out["turn"] = h.turn
-    if h.idem is not None:
-        out["idem"] = h.idem
-    if h.attempt != 1:
-        out["attempt"] = h.attempt
-    if h.deadline is not None:
-        out["deadline"] = h.deadline
-    if h.auth is not None:
-        out["auth"] = h.auth
-    return msgpack.packb(out, use_bin_type=True)  # type: ignore[no-any-return]
-
-
-def _declared_map_len(frame: bytes) -> int:
-    first = frame[0] if frame else 0
-    if 0x80 <= first <= 0x8F:
-        return first & 0x0F
-    if first == 0xDE and len(frame) >= 3:
-        return int.from_bytes(frame[1:3], "big")
-    if first == 0xDF and len(frame) >= 5:
-        return int.from_bytes(frame[1:5], "big")
-    return -1
+    # A NamedTuple packs as the array it is: no per-field work.
+    return msgpack.packb(h, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
@@ -134,55 +100,30 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
         raise
     except Exception as exc:  # msgpack raises ValueError, TypeError, ExtraData, StackError, ...
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from exc
-    if type(raw) is not dict:
-        raise ProtocolError(f"header is a {type(raw).__name__}, not a map")
-    # A repeated key collapses in the dict: compare with the count the frame declares (cheaper than a
-    # per-pair hook, and exact).
-    if len(raw) != _declared_map_len(frame):
-        raise ProtocolError("duplicate key in header map")
-    for key, value in raw.items():
-        accepted = _HEADER_TYPES.get(key)
-        if accepted is None:
-            raise ProtocolError(f"unknown header key {key!r}")
+    if type(raw) is not tuple or len(raw) != _HEADER_LEN:
+        raise ProtocolError(f"header is not an array of {_HEADER_LEN} (got a {type(raw).__name__})")
+    for value, accepted in zip(raw, _SLOT_TYPES):  # `type(v) in`: a bool never passes as an int
         if type(value) not in accepted:
-            raise ProtocolError(f"header {key!r} is a {type(value).__name__}")
-    missing = _HEADER_REQUIRED - raw.keys()
-    if missing:
-        raise ProtocolError(f"header lacks {sorted(missing)}")
-    if raw["v"] != FORMAT_VERSION:
-        raise ProtocolError(f"unsupported header format version {raw['v']!r}")
-    flow = raw["flow"]
-    if flow not in FLOWS:
-        raise ProtocolError(f"unknown flow {flow!r}")
-    if len(raw["id"]) != 16 or len(raw.get("corr", _ID16)) != 16 or len(raw.get("cause", _ID16)) != 16:
+            name = _HEADER_SLOTS[_SLOT_TYPES.index(accepted)][0]
+            raise ProtocolError(f"header {name!r} is a {type(value).__name__}")
+    h = Header._make(raw)
+    if h.v != FORMAT_VERSION:
+        raise ProtocolError(f"unsupported header format version {h.v!r}")
+    if h.flow not in FLOWS:
+        raise ProtocolError(f"unknown flow {h.flow!r}")
+    if len(h.id) != 16 or (h.corr is not None and len(h.corr) != 16) or (
+        h.cause is not None and len(h.cause) != 16
+    ):
         raise ProtocolError("message ids are 16 bytes")
-    if not is_address(raw["src"]) or not is_address(raw["dst"]):
-        raise ProtocolError(f"not an actor address: {raw['src']!r} -> {raw['dst']!r}")
-    ts = float(raw["ts"])
-    deadline = raw.get("deadline")
-    if not math.isfinite(ts) or (deadline is not None and not math.isfinite(deadline)):
+    if not is_address(h.src) or not is_address(h.dst):
+        raise ProtocolError(f"not an actor address: {h.src!r} -> {h.dst!r}")
+    if not math.isfinite(h.ts) or (h.deadline is not None and not math.isfinite(h.deadline)):
         raise ProtocolError("header times must be finite")
-    if raw.get("seq", 0) < 0 or raw.get("attempt", 1) < 1:
+    if h.seq < 0 or h.attempt < 1:
         raise ProtocolError("header seq/attempt out of range")
-    if (flow == "reply" or flow == "part") and "corr" not in raw:
+    if h.corr is None and (h.flow == "reply" or h.flow == "part"):
         raise ProtocolError("a reply needs 'corr'")
-    return Header(
-        id=raw["id"],
-        kind=raw["kind"],
-        src=raw["src"],
-        dst=raw["dst"],
-        flow=flow,
-        ts=ts,
-        seq=raw.get("seq", 0),
-        corr=raw.get("corr"),
-        cause=raw.get("cause"),
-        conv=raw.get("conv"),
-        turn=raw.get("turn"),
-        idem=raw.get("idem"),
-        attempt=raw.get("attempt", 1),
-        deadline=None if deadline is None else float(deadline),
-        auth=raw.get("auth"),
-    )
+    return h
 
 
 # ------------------------------------------------------------------------------------------------ body
@@ -415,7 +356,12 @@ class Registry:
         if isinstance(value, dict):
             tag = value.get(TYPE_KEY)
             if isinstance(tag, str) and tag in self._by_tag:
-                return self._build(self._by_tag[tag], value, depth + 1)
+                try:
+                    return self._build(self._by_tag[tag], value, depth + 1)
+                except _Bad:
+                    pass  # plain JSON that happens to carry a "$t" key: kept as the map it is
+            if not all(type(k) is str for k in value):  # JsonValue maps are str-keyed
+                raise _Bad("map keys must be str")
             return {k: self._any_value(v, depth + 1) for k, v in value.items()}
         raise _Bad(f"unexpected {type(value).__name__}")
 
@@ -447,13 +393,15 @@ class Registry:
     def rebuild_error(self, reply: Any) -> BusError:
         """The exception an ``ErrorReply`` describes, as the same class, with ``__cause__`` restored."""
         cls = self.errors.lookup(reply.error)
-        if cls is None:
-            err: BusError = RemoteError(reply.message, wire_name=reply.error, **reply.fields)
-        else:
-            try:
+        err: BusError
+        try:
+            if cls is None:
+                # The wire name wins over a "wire_name" field; a field named "message" is malformed.
+                err = RemoteError(reply.message, **{**reply.fields, "wire_name": reply.error})
+            else:
                 err = cls.from_wire(reply.message, reply.fields)
-            except (TypeError, ValueError, KeyError) as exc:
-                err = ProtocolError(f"malformed {reply.error} error: {exc}")
+        except (TypeError, ValueError, KeyError) as exc:
+            err = ProtocolError(f"malformed {reply.error} error: {exc}")
         if reply.cause is not None:
             err.__cause__ = self.rebuild_error(reply.cause)
         return err
@@ -489,7 +437,12 @@ def _expect_none(value: Any, depth: int) -> Any:
 
 
 def _enum(cls: type[enum.Enum]) -> Converter:
+    # Exact wire types of the members' values: True or 1.0 must not pass for a member whose value is 1.
+    value_types = frozenset(type(m.value) for m in cls)
+
     def convert(value: Any, depth: int) -> Any:
+        if type(value) not in value_types:
+            raise _Bad(f"{value!r} is not a {cls.__name__}")
         try:
             return cls(value)
         except ValueError:
@@ -500,7 +453,11 @@ def _enum(cls: type[enum.Enum]) -> Converter:
 
 def _literal(allowed: frozenset[Any]) -> Converter:
     def convert(value: Any, depth: int) -> Any:
-        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
+        try:
+            known = value in allowed
+        except TypeError:  # an array or map off the wire is unhashable: not one of the literals
+            known = False
+        if not known or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
             raise _Bad(f"{value!r} is not one of {sorted(map(repr, allowed))}")
         return value
 
@@ -553,6 +510,8 @@ def _dict_of(item: Converter) -> Converter:
             raise _Bad(f"expected a map, got {type(value).__name__}")
         if depth > MAX_DEPTH:
             raise _Bad("nested too deep")
+        if not all(type(k) is str for k in value):  # strict_map_key still lets bytes keys through
+            raise _Bad("map keys must be str")
         return {k: item(v, depth + 1) for k, v in value.items()}
 
     return convert

@@ -7,10 +7,11 @@ On the wire a message is ZeroMQ multipart ``[routing…, b"", header, body]``; b
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 FORMAT_VERSION = 1
 
@@ -24,9 +25,21 @@ _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _PART_RE = re.compile(r"[A-Za-z0-9_.:@+-]{1,128}")
 
 
-def new_id() -> bytes:
-    """16 random bytes: unique per send without coordination between threads or processes."""
-    return os.urandom(16)
+class IdSource:
+    """Message ids: 8 random bytes per source, then a counter. Unique across processes and hosts without
+    coordination, and no system call per message (os.urandom per send showed in the round-trip time)."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = int.from_bytes(os.urandom(8), "big") << 64
+        self._count = itertools.count(1)  # next() on itertools.count is atomic under the GIL
+
+    def __call__(self) -> bytes:
+        return (self._prefix | next(self._count)).to_bytes(16, "big")
+
+
+new_id = IdSource()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +124,18 @@ class Header(NamedTuple):
     @property
     def is_reply(self) -> bool:
         return self.flow in REPLY_FLOWS
+
+
+# The way back to a sender: ("r", router index, routing id) for a connection that came in on one of the
+# node's ROUTERs, ("d", peer name) for one this node opened, ("self", routing id, inbox) for a direct
+# actor's own socket.
+Route = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back."""
+
+    header: Header
+    body: bytes
+    route: Route | None

@@ -43,6 +43,21 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Resolve:
+    """Directory query to ``<node>/node``: where does ``actor`` take traffic on its own socket?"""
+
+    TAG: ClassVar[str] = "sys.resolve"
+    actor: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolved:
+    TAG: ClassVar[str] = "sys.resolved"
+    actor: str
+    endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReply:
     """A typed error on the wire: ``error`` is the class's wire name, rebuilt by ``ErrorRegistry``."""
 
@@ -92,4 +107,5 @@ class Hold:
     note: str = ""
 
 
-SYSTEM_MESSAGES: tuple[type[Any], ...] = (Ping, Pong, Ok, Hello, ErrorReply, Echo, EchoStream, Fail, Hold)
+SYSTEM_MESSAGES: tuple[type[Any], ...] = (
+    Ping, Pong, Ok, Hello, Resolve, Resolved, ErrorReply, Echo, EchoStream, Fail, Hold)

@@ -21,6 +21,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
-from transport.envelope import Address, Flow, Header, is_node_name, new_id, node_of
+from transport.envelope import Address, Flow, Header, Inbound, Route, is_node_name, new_id, node_of
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
-from transport.messages import SYSTEM_MESSAGES, ErrorReply, Hello
+from transport.messages import SYSTEM_MESSAGES, ErrorReply, Hello, Resolve, Resolved
 from transport.pending import BusFuture, PendingRequest, PendingTable, Reply, forbid_blocking
 from transport.security import Security, SecurityError, ZapService, user_id
 from transport.sockets import (
@@ -46,6 +47,9 @@ from transport.sockets import (
     make_router,
     monitor_event,
     raise_if_error,
+    readable,
+    recv_frames,
+    send_frames,
 )
 
 if TYPE_CHECKING:
@@ -54,21 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ("r", router index, routing id) for a connection that came in on a bound ROUTER;
-# ("d", peer name) for a connection this node opened.
-Route = tuple[Any, ...]
-
 DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back."""
-
-    header: Header
-    body: bytes
-    route: Route | None
 
 
 # A local message every BusActor answers with None once everything before it in its mailbox is handled.
@@ -98,6 +89,20 @@ class Stats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._c)
+
+
+def pick_direct(peer: Peer, endpoints: Iterable[str]) -> Peer | None:
+    """The direct endpoint reachable the way ``peer`` is: same transport; for tcp, the host we already use."""
+    scheme = peer.endpoint.partition("://")[0]
+    for endpoint in endpoints:
+        if not endpoint.startswith(scheme + "://"):
+            continue
+        if scheme == "tcp":
+            host = peer.endpoint[6:].rpartition(":")[0]
+            port = endpoint.rpartition(":")[2]
+            endpoint = f"tcp://{host}:{port}"
+        return Peer(peer.name, endpoint, peer.server_key)
+    return None
 
 
 class Node:
@@ -138,6 +143,7 @@ class Node:
         self._binds = tuple(bind)
         self._peers: dict[str, Peer] = {p.name: p for p in peers}
         self._actors: dict[str, ActorRefLike] = {}
+        self._direct: dict[str, tuple[str, ...]] = {}  # actor -> endpoints of its own socket
         self._tell_error_listeners: list[Callable[[BusError, bytes | None], None]] = []
         self._outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._tls = threading.local()
@@ -344,10 +350,7 @@ class Node:
         peer = self._peers.get(node_of(dst))
         if peer is None or node_of(dst) == self.name:
             return self.request_future(dst, message, timeout=timeout, **fields).result(timeout + 1.0)
-        reply: Any = None
-        for reply in self._channel_call(peer, dst, message, "ask", timeout, fields):
-            pass
-        return reply
+        return self._channel_ask(peer, dst, message, timeout, fields)
 
     def stream(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Iterator[Any]:
         """Send a streamed request; yield each partial reply, then the final one. ``timeout`` bounds all."""
@@ -366,10 +369,57 @@ class Node:
     ) -> Iterator[Any]:
         if not self._running:
             raise Unavailable(f"node {self.name} is not running")
+        deadline = self.monotonic() + timeout
+        direct = self._direct_peer(peer, dst, deadline)
+        if direct is not None:
+            channel = self._channel(direct)
+            try:
+                # A direct socket that does not answer the handshake quickly is stale (its actor moved or
+                # stopped): fall back to the node, which routes to the actor wherever it now is.
+                yield from self._call_on(channel, dst, message, flow, deadline, fields,
+                                         connect_by=min(deadline, self.monotonic() + 1.0))
+                return
+            except NotDelivered:
+                self._tls.direct.pop(dst, None)
+                self.stats.incr("direct_fallbacks")
+        yield from self._call_on(self._channel(peer), dst, message, flow, deadline, fields)
+
+    def _channel_ask(self, peer: Peer, dst: str, message: Any, timeout: float, fields: dict[str, Any]) -> Any:
+        """``_channel_call`` for one plain reply, without generator layers (the hot path of the bench)."""
+        if not self._running:
+            raise Unavailable(f"node {self.name} is not running")
+        deadline = self.monotonic() + timeout
+        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+        direct = cache.get(dst, peer) if cache is not None else peer
+        if direct is peer or (cache is not None and dst not in cache):
+            direct = self._direct_peer(peer, dst, deadline)
+        src = self.client_address()
+        header = self.header(self.registry.tag_of(message), src, dst, "ask", timeout=timeout, **fields)
+        frames = [encode_header(header), self.registry.encode(message)]
+        capture = self.capture
+        if capture is not None:
+            capture.record("send", src, frames)
+        channel = self._channel(direct or peer)
+        try:
+            channel.send(frames, min(deadline, self.monotonic() + 1.0) if direct is not None else deadline)
+        except NotDelivered:
+            if direct is None:
+                raise
+            # A stale direct endpoint: forget it and go through the node (nothing was sent: safe).
+            self._tls.direct.pop(dst, None)
+            self.stats.incr("direct_fallbacks")
+            channel = self._channel(peer)
+            channel.send(frames, deadline)
+        reply, body = channel.next_reply(header, deadline)
+        if capture is not None:
+            capture.record("deliver", src, [encode_header(reply), body])
+        return raise_if_error(self.registry, reply, body)
+
+    def _channel(self, peer: Peer) -> Channel:
         channels: dict[str, Channel] | None = getattr(self._tls, "channels", None)
         if channels is None:
             channels = self._tls.channels = {}
-        channel = channels.get(peer.name)
+        channel = channels.get(peer.endpoint)
         if channel is None or channel.closed or channel.peer != peer:
             if channel is not None:
                 channel.close()
@@ -377,15 +427,48 @@ class Node:
                 self.context, peer, self.options, self.security, self.registry, self.monotonic,
                 self.stats.incr,
             )
-            channels[peer.name] = channel
+            channels[peer.endpoint] = channel
             with self._channels_lock:
                 self._channels.append(channel)
+        return channel
+
+    def _direct_peer(self, peer: Peer, dst: str, deadline: float) -> Peer | None:
+        """The peer entry for ``dst``'s own socket, resolved once per thread (None: go via its node)."""
+        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+        if cache is None:
+            cache = self._tls.direct = {}
+        if dst in cache:
+            return cache[dst]
+        try:
+            answer: Any = None
+            for answer in self._call_on(self._channel(peer), f"{peer.name}/node",
+                                        Resolve(actor=dst.partition("/")[2]), "ask", deadline, {}):
+                pass
+        except BusError:
+            return None  # not cached: the node path works, and the next call asks again
+        cache[dst] = pick_direct(peer, answer.endpoints if isinstance(answer, Resolved) else ())
+        return cache[dst]
+
+    def _call_on(
+        self,
+        channel: Channel,
+        dst: str,
+        message: Any,
+        flow: Flow,
+        deadline: float,
+        fields: dict[str, Any],
+        connect_by: float | None = None,
+    ) -> Iterator[Any]:
         src = self.client_address()
-        header = self.header(self.registry.tag_of(message), src, dst, flow, timeout=timeout, **fields)
+        header = self.header(
+            self.registry.tag_of(message), src, dst, flow, timeout=deadline - self.monotonic(), **fields
+        )
         frames = [encode_header(header), self.registry.encode(message)]
-        self.record("send", src, frames)
-        for reply, body in channel.call(header, frames, self.monotonic() + timeout):
-            self.record("deliver", src, [encode_header(reply), body])
+        if self.capture is not None:
+            self.capture.record("send", src, frames)
+        for reply, body in channel.call(header, frames, deadline, connect_by):
+            if self.capture is not None:
+                self.capture.record("deliver", src, [encode_header(reply), body])
             yield raise_if_error(self.registry, reply, body)
 
     def request_future(
@@ -397,7 +480,8 @@ class Node:
         src = fields.pop("src", None) or self.client_address()
 
         def deliver(reply: Reply) -> None:
-            if reply.final:
+            if reply.final or reply.error is not None:
+                # A malformed partial ends the stream with its error rather than yielding a hole.
                 future._finish(reply)
             else:
                 future._part(reply.message)
@@ -453,7 +537,8 @@ class Node:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
         terminal error) on whichever thread resolves it; it must not block."""
         frames = [encode_header(header), body]
-        self.record("send", header.src, frames)
+        if self.capture is not None:
+            self.capture.record("send", header.src, frames)
         dst_node = node_of(header.dst)
         if deliver is not None:
             deadline = self.monotonic() + (self.request_timeout if timeout is None else timeout)
@@ -464,7 +549,11 @@ class Node:
         if not self._running:
             self._fail_send(header, NotDelivered(f"node {self.name} is not running"))
             return
-        if header.is_reply and route is not None:
+        if route is not None and route[0] == "self":
+            # Over a direct actor's own socket: this is that actor's thread, the socket's owner.
+            if not route[2].send(route[1], frames):
+                self._fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
+        elif header.is_reply and route is not None:
             self._outbox_put(("reply", route, frames, header))
         elif dst_node == self.name:
             self.deliver_local(header, body)
@@ -499,6 +588,59 @@ class Node:
         if isinstance(message, ErrorReply):
             return Reply(None, self.registry.rebuild_error(message), True, header)
         return Reply(message, None, header.flow == "reply", header)
+
+    def admit(
+        self, head: bytes, auth: str | None, seq_seen: OrderedDict[tuple[str, str], int]
+    ) -> Header | None:
+        """The checks every inbound envelope passes, on whichever thread owns its socket.
+
+        Decodes the header (never the body), checks that the authenticated identity may speak for the
+        claimed ``src`` and stamps ``auth``, tracks sequence gaps, and drops requests already past their
+        deadline. ``None`` means dropped (and counted): there is nobody trustworthy to answer.
+        """
+        try:
+            header = decode_header(head, max_bytes=self.max_header_bytes)
+        except ProtocolError as exc:
+            self.stats.incr("malformed")
+            log.info("node %s: dropped a malformed frame: %s", self.name, exc)
+            return None
+        if auth is not None:
+            allowed = auth[5:] if auth.startswith("peer:") else self.security.node_for_key(auth)
+            if allowed != node_of(header.src):
+                self.stats.incr("spoofed")
+                log.warning("node %s: dropped %s claiming src %s from key of %s",
+                            self.name, header.kind, header.src, allowed)
+                return None
+            header = header.with_auth(auth)
+        elif header.auth is not None:
+            header = header.with_auth(None)  # only the receiving node may stamp auth
+        if header.seq:
+            key = (header.src, header.dst)
+            last = seq_seen.pop(key, None)
+            if last is not None and header.seq != last + 1:
+                self.stats.incr("seq_gaps")
+                log.info("node %s: sequence gap %s -> %s from %s", self.name, last, header.seq, header.src)
+            seq_seen[key] = header.seq
+            if len(seq_seen) > _SEQ_TRACKED:
+                seq_seen.popitem(last=False)
+        if header.is_request and header.deadline is not None and header.deadline < self.clock():
+            self.stats.incr("expired_on_arrival")
+            return None
+        return header
+
+    @property
+    def directory_address(self) -> str:
+        return f"{self.name}/node"
+
+    def direct_endpoints(self, actor: str) -> tuple[str, ...]:
+        """Endpoints where ``actor`` takes traffic on its own socket (empty: only via this node)."""
+        return self._direct.get(actor, ())
+
+    def publish_direct(self, actor: str, endpoints: tuple[str, ...]) -> None:
+        if endpoints:
+            self._direct[actor] = endpoints
+        else:
+            self._direct.pop(actor, None)
 
     def _client_tell_error(self, header: Header, body: bytes) -> None:
         error = error_of(self.registry, header, body) or ProtocolError("empty tell error")
@@ -558,6 +700,9 @@ class _IoThread(threading.Thread):
         self.seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.poller = zmq.Poller()
         self._wake_r, self._wake_w = _wake_pair()
+        # Closed only when nothing can reach this thread object any more: a wake() racing shutdown must
+        # never write into a descriptor number the process has since reused.
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
 
     def wake(self) -> None:
         try:
@@ -600,8 +745,6 @@ class _IoThread(threading.Thread):
             monitor.close(0)
             dealer.close(0)
         self.routers, self.dealers = [], {}
-        os.close(self._wake_r)
-        os.close(self._wake_w)
 
     def _loop(self) -> None:
         node = self.node
@@ -644,7 +787,7 @@ class _IoThread(threading.Thread):
         # Up to 256 messages per wake-up: fewer polls under load, fair to the other sockets.
         for _ in range(256):
             # EVENTS, not recv-until-Again: raising zmq.Again costs more than the message itself.
-            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not readable(sock):
                 return
             auth: str | None = None
             if curve:
@@ -656,7 +799,7 @@ class _IoThread(threading.Thread):
                     continue
                 parts = [f.bytes for f in frames]
             else:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
+                parts = recv_frames(sock)
             if len(parts) != 4 or parts[1]:
                 self.node.stats.incr("malformed")
                 continue
@@ -664,9 +807,9 @@ class _IoThread(threading.Thread):
 
     def _drain_dealer(self, name: str, sock: Sock) -> None:
         for _ in range(256):
-            if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not readable(sock):
                 return
-            parts = sock.recv_multipart(zmq.NOBLOCK)
+            parts = recv_frames(sock)
             if len(parts) != 3 or parts[0]:
                 self.node.stats.incr("malformed")
                 continue
@@ -675,48 +818,33 @@ class _IoThread(threading.Thread):
 
     def _inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
         node = self.node
-        try:
-            header = decode_header(head, max_bytes=node.max_header_bytes)
-        except ProtocolError as exc:
-            # No trustworthy header: nobody to answer. Count it; the connection stays up.
-            node.stats.incr("malformed")
-            log.info("node %s: dropped a malformed frame: %s", node.name, exc)
+        header = node.admit(head, auth, self.seq_seen)
+        if header is None:
             return
-        src_node = node_of(header.src)
-        if auth is not None:
-            allowed = auth[5:] if auth.startswith("peer:") else node.security.node_for_key(auth)
-            if allowed != src_node:
-                node.stats.incr("spoofed")
-                log.warning("node %s: dropped %s claiming src %s from key of %s",
-                            node.name, header.kind, header.src, allowed)
-                return
-            header = header.with_auth(auth)
-        elif header.auth is not None:
-            header = header.with_auth(None)  # only the receiving node may stamp auth
-        if header.seq:
-            self._track_seq(header)
         if header.kind == Hello.TAG:
-            self.routes[src_node] = route
+            self.routes[node_of(header.src)] = route
+            return
+        if header.dst == node.directory_address and header.kind == Resolve.TAG:
+            self._resolve(header, body, route)
             return
         if node_of(header.dst) != node.name:
             node.stats.incr("misrouted")
             node._fail_send(header, NotDelivered(f"{header.dst} is not on node {node.name}"), route)
             return
-        if header.is_request and header.deadline is not None and header.deadline < node.clock():
-            node.stats.incr("expired_on_arrival")
-            return
         node.stats.incr("hops_to_actor")
         node.deliver_local(header, body, route)
 
-    def _track_seq(self, header: Header) -> None:
-        key = (header.src, header.dst)
-        last = self.seq_seen.pop(key, None)
-        if last is not None and header.seq != last + 1:
-            self.node.stats.incr("seq_gaps")
-            log.info("node %s: sequence gap %s -> %s from %s", self.node.name, last, header.seq, header.src)
-        self.seq_seen[key] = header.seq
-        if len(self.seq_seen) > _SEQ_TRACKED:
-            self.seq_seen.popitem(last=False)
+    def _resolve(self, header: Header, body: bytes, route: Route) -> None:
+        """Answer a directory query on the I/O thread itself: no actor, no hop."""
+        node = self.node
+        try:
+            query = node.registry.decode(Resolve.TAG, body)
+            answer: Any = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+        except ProtocolError as exc:
+            answer = node.registry.error_reply(exc)
+        reply = node.header(node.registry.tag_of(answer), node.directory_address, header.src, "reply",
+                            corr=header.id)
+        self._reply(route, [encode_header(reply), node.registry.encode(answer)], reply)
 
     # ---------------------------------------------------------------------------------- commands
     def _command(self, item: tuple[Any, ...]) -> None:
@@ -738,11 +866,15 @@ class _IoThread(threading.Thread):
         node = self.node
         try:
             if dst_node in self.dealers:
-                self.dealers[dst_node][0].send_multipart([b"", *frames], zmq.NOBLOCK)
+                send_frames(self.dealers[dst_node][0], [b"", *frames])
             elif (route := self.routes.get(dst_node)) is not None:
                 self._via_route(route, frames)
             else:
                 node._fail_send(header, NotDelivered(f"no route to node {dst_node}"))
+                return
+            if header.is_request:
+                # From here a lost connection leaves the outcome unknown (fail_peer: Unavailable).
+                node.pending.mark_sent(header.id)
         except zmq.Again:
             node.stats.incr("not_delivered")
             node._fail_send(header, NotDelivered(f"node {dst_node}: not connected, or its queue is full"))
@@ -752,9 +884,9 @@ class _IoThread(threading.Thread):
 
     def _via_route(self, route: Route, frames: list[bytes]) -> None:
         if route[0] == "r":
-            self.routers[route[1]][0].send_multipart([route[2], b"", *frames], zmq.NOBLOCK)
+            send_frames(self.routers[route[1]][0], [route[2], b"", *frames])
         else:
-            self.dealers[route[1]][0].send_multipart([b"", *frames], zmq.NOBLOCK)
+            send_frames(self.dealers[route[1]][0], [b"", *frames])
 
     def _reply(self, route: Route, frames: list[bytes], header: Header) -> None:
         try:
@@ -789,20 +921,26 @@ class _IoThread(threading.Thread):
         self.connected[peer.name] = event or threading.Event()
         self.poller.register(dealer, zmq.POLLIN)
         self.poller.register(monitor, zmq.POLLIN)
+        if peer.endpoint.startswith("inproc://"):
+            self._handshake_done(peer.name)  # inproc has no ZMTP handshake: its monitor never reports one
+
+    def _handshake_done(self, name: str) -> None:
+        node = self.node
+        dealer = self.dealers[name][0]
+        hello = node.header(Hello.TAG, f"{node.name}/node", f"{name}/node", "tell")
+        with contextlib.suppress(zmq.ZMQError):
+            dealer.send_multipart(
+                [b"", encode_header(hello), node.registry.encode(Hello(node=node.name))],
+                zmq.NOBLOCK,
+            )
+        self.connected[name].set()
 
     def _monitor(self, name: str, monitor: Sock) -> None:
         node = self.node
         while monitor.poll(0):
             event = monitor_event(monitor)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                dealer = self.dealers[name][0]
-                hello = node.header(Hello.TAG, f"{node.name}/node", f"{name}/node", "tell")
-                with contextlib.suppress(zmq.ZMQError):
-                    dealer.send_multipart(
-                        [b"", encode_header(hello), node.registry.encode(Hello(node=node.name))],
-                        zmq.NOBLOCK,
-                    )
-                self.connected[name].set()
+                self._handshake_done(name)
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected[name] = threading.Event()
                 failed = node.pending.fail_peer(
@@ -813,6 +951,12 @@ class _IoThread(threading.Thread):
             elif (why := handshake_refusal(event)) is not None:
                 node.stats.incr("handshake_failures")
                 log.warning("node %s: %s: %s", node.name, name, why)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _wake_pair() -> tuple[int, int]:

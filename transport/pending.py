@@ -135,6 +135,9 @@ class PendingRequest:
     deadline: float  # monotonic seconds
     deliver: Callable[[Reply], None]
     stream: bool = False
+    # Handed to a peer's socket. Only then can a lost connection leave the outcome unknown; a request still
+    # waiting in the I/O thread's queue gets its own send outcome (sent, or NotDelivered).
+    sent: bool = False
 
 
 class PendingTable:
@@ -176,10 +179,16 @@ class PendingTable:
         _deliver(entry, reply)
         return True
 
-    def fail_peer(self, peer: str, error_for: Callable[[PendingRequest], BusError]) -> int:
-        """End every request in flight over ``peer`` (its connection dropped)."""
+    def mark_sent(self, request_id: bytes) -> None:
         with self._lock:
-            gone = [e for e in self._entries.values() if e.peer == peer]
+            entry = self._entries.get(request_id)
+            if entry is not None:
+                entry.sent = True
+
+    def fail_peer(self, peer: str, error_for: Callable[[PendingRequest], BusError]) -> int:
+        """End every request in flight over ``peer`` (its connection dropped): those already sent."""
+        with self._lock:
+            gone = [e for e in self._entries.values() if e.peer == peer and e.sent]
             for e in gone:
                 del self._entries[e.id]
         for e in gone:

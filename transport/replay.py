@@ -24,8 +24,8 @@ from typing import Any
 
 from transport.capture import CaptureLog, Record, read_log
 from transport.codec import Registry, decode_header, encode_header
-from transport.envelope import Header, node_of
-from transport.node import BARRIER, Inbound, Node, Route
+from transport.envelope import Header, Inbound, Route, node_of
+from transport.node import BARRIER, Node
 
 IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
 

@@ -51,7 +51,7 @@ def _policy(
     return Retrying(
         retry=retry_if_exception(retry_this),
         stop=stop_after_attempt(attempts) | stop_after_delay(max_delay),
-        wait=wait_exponential_jitter(initial=initial, max=max_wait, jitter=initial),
+        wait=wait_exponential_jitter(multiplier=initial, max=max_wait, jitter=initial),
         before_sleep=before_sleep_log(log, logging.INFO),
         reraise=True,
         sleep=sleep,

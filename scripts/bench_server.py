@@ -1,0 +1,186 @@
+"""The far side of scripts/bench: raw pyzmq servers and bus nodes in one child process.
+
+Started by scripts/bench as ``[sys.executable, "-P", "scripts/bench_server.py", ...]``. It serves:
+
+- raw REP echo servers (ipc, plain tcp, CURVE tcp) that unpack and repack each msgpack message;
+- raw PULL sinks (ipc, tcp) that unpack and count each message, each with a REP socket answering its count;
+- bus node ``srv`` (ipc + plain tcp) with the built-in echo actor and a ``SinkActor``;
+- bus node ``srv`` (CURVE tcp, ZAP allowlist holding the bench client's key) with the echo actor.
+
+Prints one line ``READY {json}`` with every endpoint once bound, then serves until SIGTERM/SIGINT or until
+stdin closes (so a bench that dies never leaves it behind). Never imported by the packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+import actors
+import config
+import transport
+from actors.base import BusActor, Context
+from actors.echo import EchoActor
+from transport import KeyPair, Node, Security
+from transport.messages import Echo
+
+READY_TIMEOUT = 10.0
+
+
+def check_one_root() -> None:
+    roots = {Path(str(m.__file__)).resolve().parents[1] for m in (actors, config, transport)}
+    if len(roots) != 1:
+        raise SystemExit(f"actors/transport/config imported from different places: {roots}")
+
+
+class SinkActor(BusActor):
+    """Counts the tells it receives; an ``Echo`` request is answered with ``Echo(seq=count)``."""
+
+    def __init__(self, node: Any, address: str) -> None:
+        super().__init__(node, address)
+        self.count = 0
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if not ctx.wants_reply:
+            self.count += 1
+            return None
+        if isinstance(message, Echo):
+            return Echo(seq=self.count)
+        raise TypeError(f"sink does not answer {type(message).__name__}")
+
+
+# ------------------------------------------------------------------------------------------ raw servers
+def _in_thread(
+    ctx: zmq.Context[Any], kind: int, endpoint: str, serve: Callable[[zmq.Socket[Any]], None],
+    curve_secret: str | None = None,
+) -> str:
+    """Bind a socket inside its own thread (which then owns it) and return the bound endpoint."""
+    bound: queue.SimpleQueue[str | BaseException] = queue.SimpleQueue()
+
+    def run() -> None:
+        sock = ctx.socket(kind)
+        try:
+            sock.linger = 0
+            if curve_secret is not None:
+                # No ZAP handler on this context: any client key is accepted (a raw baseline, not security).
+                sock.curve_server = True
+                sock.curve_secretkey = curve_secret.encode("ascii")
+            sock.bind(endpoint)
+            bound.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        except (zmq.ZMQError, OSError) as exc:
+            sock.close(0)
+            bound.put(exc)
+            return
+        try:
+            serve(sock)
+        except zmq.ContextTerminated:
+            pass  # shutdown: Context.term() wakes every blocked recv with ETERM
+        finally:
+            sock.close(0)
+
+    threading.Thread(target=run, name=f"raw-{endpoint}", daemon=True).start()
+    result = bound.get(timeout=READY_TIMEOUT)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def serve_echo(sock: zmq.Socket[Any]) -> None:
+    while True:
+        # Unpack and repack, as the bus does with its body: both sides pay the codec.
+        sock.send(msgpack.packb(msgpack.unpackb(sock.recv())))
+
+
+class RawSink:
+    """A PULL socket's thread counts what arrives; a REP socket's thread answers with the count."""
+
+    def __init__(self) -> None:
+        self.count = 0  # written by the PULL thread only
+
+    def serve_pull(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            msgpack.unpackb(sock.recv())
+            self.count += 1
+
+    def serve_count(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            sock.recv()
+            sock.send(msgpack.packb(self.count))
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", required=True, help="private (0700) folder for ipc sockets")
+    ap.add_argument("--secret-key-file", required=True, help="this server's CURVE secret key (0600)")
+    ap.add_argument("--allow", required=True, help="the bench client's CURVE public key (Z85)")
+    args = ap.parse_args()
+    check_one_root()
+
+    folder = Path(args.dir)
+    keys = KeyPair.load(args.secret_key_file)
+    raw_ctx: zmq.Context[Any] = zmq.Context()
+    nodes: list[Node] = []
+    try:
+        raw_echo = {
+            "ipc": _in_thread(raw_ctx, zmq.REP, f"ipc://{folder}/raw-echo", serve_echo),
+            "tcp": _in_thread(raw_ctx, zmq.REP, "tcp://127.0.0.1:*", serve_echo),
+            "tcp_curve": _in_thread(raw_ctx, zmq.REP, "tcp://127.0.0.1:*", serve_echo, keys.secret),
+        }
+        raw_sink = {}
+        for transport_name, pull_ep, ctl_ep in (
+            ("ipc", f"ipc://{folder}/raw-sink", f"ipc://{folder}/raw-sink-ctl"),
+            ("tcp", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
+        ):
+            sink = RawSink()
+            raw_sink[transport_name] = {
+                "push": _in_thread(raw_ctx, zmq.PULL, pull_ep, sink.serve_pull),
+                "count": _in_thread(raw_ctx, zmq.REP, ctl_ep, sink.serve_count),
+            }
+
+        plain = Node(
+            "srv",
+            bind=[f"ipc://{folder}/bus", "tcp://127.0.0.1:*"],
+            security=Security(plain_insecure_for_benchmarks=True),
+        ).start()
+        nodes.append(plain)
+        plain.spawn(EchoActor, "echo")
+        plain.spawn(SinkActor, "sink")
+        curve = Node(
+            "srv", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys, allow={args.allow: "bench"})
+        ).start()
+        nodes.append(curve)
+        curve.spawn(EchoActor, "echo")
+
+        info = {
+            "raw_echo": raw_echo,
+            "raw_sink": raw_sink,
+            "bus": {"ipc": plain.endpoints[0], "tcp": plain.endpoints[1], "tcp_curve": curve.endpoints[0]},
+            "server_key": keys.public,
+        }
+        print("READY " + json.dumps(info), flush=True)
+
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        signal.signal(signal.SIGINT, lambda *_: done.set())
+        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+        done.wait()
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        raw_ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The ``kbus`` command end to end: node, ping, keys, log show/verify, each in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+
+
+def kbus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KBUS, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def run_node() -> Iterator[Callable[..., tuple[subprocess.Popen[str], str]]]:
+    """Start ``kbus node --config FILE``; wait for its 'listening' line; end it by PID afterwards."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(config: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen(
+            [*KBUS, "node", "--config", str(config), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        procs.append(proc)
+        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        assert proc.stdout is not None
+        out = proc.stdout
+        threading.Thread(target=lambda: lines.put(out.readline()), daemon=True).start()
+        line = lines.get(timeout=30)
+        assert "listening" in line, line
+        return proc, line
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_node_ping_and_clean_shutdown_over_ipc(ipc_dir: Path, run_node: Callable[..., Any]) -> None:
+    config = write_config(ipc_dir / "n1.toml", """
+[node]
+name = "n1"
+bind = ["ipc://n1.sock"]
+capture = "n1.buslog"
+[actors.echo]
+type = "echo"
+""")
+    node, _ = run_node(config)
+    ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "3")
+    assert ping.returncode == 0, ping.stderr
+    assert ping.stdout.count("pong from n1/echo") == 3
+    assert "3 sent, 3 answered" in ping.stdout
+
+    os.kill(node.pid, signal.SIGTERM)
+    assert node.wait(timeout=30) == 0
+    assert node.stdout is not None
+    assert "stopped" in node.stdout.read()
+
+    # The node captured the exchange: readable, one line per record, JSON on request, and verified.
+    log_file = ipc_dir / "n1.buslog"
+    shown = kbus("log", "show", str(log_file))
+    assert shown.returncode == 0, shown.stderr
+    record_lines = [line for line in shown.stdout.splitlines() if not line.startswith("#")]
+    assert len(record_lines) == 6
+    assert sum("sys.ping" in line for line in record_lines) == 3
+    as_json = kbus("log", "show", "--json", str(log_file))
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["at"] for r in records] == ["deliver", "send"] * 3
+    assert records[1]["header"]["kind"] == "sys.pong"
+    assert kbus("log", "verify", str(log_file)).returncode == 0
+
+    # A torn tail is reported, not hidden.
+    data = log_file.read_bytes()
+    log_file.write_bytes(data[:-5])
+    verified = kbus("log", "verify", str(log_file))
+    assert verified.returncode == 1
+    assert "torn" in verified.stdout.lower()
+
+
+def test_ping_over_tcp_with_curve_and_a_refused_key(ipc_dir: Path, run_node: Callable[..., Any]) -> None:
+    keys = ipc_dir / "keys"
+    for name in ("n1", "cli", "stranger"):
+        made = kbus("keys", name, "--dir", str(keys))
+        assert made.returncode == 0, made.stderr
+    cli_public = next(line for line in kbus_public(keys / "cli.key").splitlines())
+    config = write_config(ipc_dir / "n1.toml", f"""
+[node]
+name = "n1"
+bind = ["tcp://127.0.0.1:0"]
+[security]
+secret_key_file = "keys/n1.key_secret"
+allow = [{{ node = "cli", public_key = "{cli_public}" }}]
+[actors.echo]
+type = "echo"
+""")
+    _, line = run_node(config)
+    port = int(line.split("listening on ")[1].split(";")[0].rpartition(":")[2])
+    ok = kbus("ping", f"tcp://127.0.0.1:{port}", "--node", "n1", "--count", "2",
+              "--server-key", str(keys / "n1.key"), "--key", str(keys / "cli.key_secret"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("pong from n1/echo") == 2
+    refused = kbus("ping", f"tcp://127.0.0.1:{port}", "--node", "n1", "--count", "1", "--timeout", "3",
+                   "--server-key", str(keys / "n1.key"), "--key", str(keys / "stranger.key_secret"))
+    assert refused.returncode == 1
+    assert "NotDelivered" in refused.stdout
+    assert "0 answered" in refused.stdout
+
+
+def kbus_public(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if "public-key" in line:
+            return line.split('"')[1]
+    raise AssertionError(f"no public key in {path}")
+
+
+def test_keys_are_private_and_never_overwritten(tmp_path: Path) -> None:
+    made = kbus("keys", "n1", "--dir", str(tmp_path / "keys"))
+    assert made.returncode == 0
+    secret = tmp_path / "keys" / "n1.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+    before = secret.read_bytes()
+    again = kbus("keys", "n1", "--dir", str(tmp_path / "keys"))
+    assert again.returncode == 1
+    assert "not overwriting" in again.stderr
+    assert secret.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[node]\nname = "n1"\nmax_frame_bytes = "big"\n', "node.max_frame_bytes"),
+        ('[node]\nname = "n1"\nbind = ["tcp://127.0.0.1:0"]\n', "secret_key_file"),
+        ('[node]\nname = "n1"\n[actors.x]\ntype = "nope"\n', "actors.x.type"),
+        ("[node\n", "n1.toml"),
+    ],
+    ids=["bad-type", "tcp-without-key", "unknown-actor-type", "not-toml"],
+)
+def test_a_bad_config_names_the_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    config = write_config(tmp_path / "n1.toml", text)
+    result = kbus("node", "--config", str(config), timeout=30)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
