@@ -79,7 +79,6 @@ _HEADER_SLOTS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("auth", (str, _NONE)),
     ("v", (int,)),
 )
-_SLOT_TYPES = tuple(types for _, types in _HEADER_SLOTS)
 _HEADER_LEN = len(_HEADER_SLOTS)
 if tuple(name for name, _ in _HEADER_SLOTS) != Header._fields:  # pragma: no cover - a programming error
     raise ImportError("codec header slots and envelope.Header fields disagree")
@@ -102,11 +101,12 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from exc
     if type(raw) is not tuple or len(raw) != _HEADER_LEN:
         raise ProtocolError(f"header is not an array of {_HEADER_LEN} (got a {type(raw).__name__})")
-    for value, accepted in zip(raw, _SLOT_TYPES):  # `type(v) in`: a bool never passes as an int
+    for value, (name, accepted) in zip(raw, _HEADER_SLOTS):  # `type(v) in`: a bool never passes as an int
         if type(value) not in accepted:
-            name = _HEADER_SLOTS[_SLOT_TYPES.index(accepted)][0]
             raise ProtocolError(f"header {name!r} is a {type(value).__name__}")
     h = Header._make(raw)
+    if type(h.ts) is int or type(h.deadline) is int:  # times are floats in Header; an int is accepted
+        h = h._replace(ts=float(h.ts), deadline=None if h.deadline is None else float(h.deadline))
     if h.v != FORMAT_VERSION:
         raise ProtocolError(f"unsupported header format version {h.v!r}")
     if h.flow not in FLOWS:
