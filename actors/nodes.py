@@ -7,21 +7,48 @@ from pathlib import Path
 from typing import Any
 
 from actors.echo import EchoActor
+from actors.router.actor import RouterActor
+from actors.router.catalog import ModelCatalog, UnknownModel
+from actors.router.messages import ROUTER_ERRORS, ROUTER_MESSAGES
+from actors.types import AGENT_TYPES
 from config import ConfigError, Settings
 from transport.capture import CaptureWriter
 from transport.codec import Registry
+from transport.errors import ErrorRegistry
 from transport.messages import SYSTEM_MESSAGES
 from transport.node import Node
 
+
+def _router(settings: Settings) -> Callable[..., Any]:
+    catalog = ModelCatalog.from_settings(settings)
+
+    def start(node: Node, address: str, **options: Any) -> Any:
+        return RouterActor.start(node, address, catalog=catalog,
+                                 data_dir=options.pop("data_dir", settings.node.data_dir), **options)
+
+    return start
+
+
 # Actor types a config file may name in [actors.<name>] type = "...". Explicit, like the message table.
-ACTOR_TYPES: Mapping[str, Callable[..., Any]] = {
-    "echo": EchoActor,
+ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
+    "echo": lambda settings: EchoActor.start,
+    "router": _router,
 }
+
+MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES)
+ERRORS = (*ROUTER_ERRORS, UnknownModel)
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:
-    """Every message class kbus puts on the wire (later layers add their tuples here)."""
-    return Registry(SYSTEM_MESSAGES, max_body_bytes=max_body_bytes)
+    """Every message class and error class kbus puts on the wire."""
+    return Registry(MESSAGES, ErrorRegistry().extended(ERRORS), max_body_bytes=max_body_bytes)
+
+
+class _Starter:
+    """Adapts a start function to ``Node.spawn``'s ``actor_class.start(node, address, ...)`` call."""
+
+    def __init__(self, start: Callable[..., Any]) -> None:
+        self.start = start
 
 
 def build_node(settings: Settings, *, capture: str | Path | None = None) -> Node:
@@ -31,12 +58,13 @@ def build_node(settings: Settings, *, capture: str | Path | None = None) -> Node
         if spec.type not in ACTOR_TYPES:
             raise ConfigError(settings.source, f"actors.{spec.name}.type",
                               f"one of {sorted(ACTOR_TYPES)}", spec.type)
+    starters = {spec.name: _Starter(ACTOR_TYPES[spec.type](settings)) for spec in settings.actors}
     writer = CaptureWriter(capture, node=settings.node.name, schema=reg.schema_hash()) if capture else None
     node = Node.from_settings(settings, registry=reg, **({"capture": writer} if writer else {}))
     node.start()
     try:
         for spec in settings.actors:
-            node.spawn(ACTOR_TYPES[spec.type], spec.name, **dict(spec.options))
+            node.spawn(starters[spec.name], spec.name, **dict(spec.options))
     except BaseException:
         node.stop()
         raise

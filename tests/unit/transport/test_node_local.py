@@ -664,8 +664,12 @@ def test_the_lock_lint_sees_every_form() -> None:
 
 
 def test_actors_contain_no_locks() -> None:
-    """MB-01: the mailbox is the only serialisation point; actors contain no locks."""
-    files = sorted(ACTORS_DIR.rglob("*.py"))
+    """MB-01: the mailbox is the only serialisation point; actors contain no locks.
+
+    Provider clients (actors/router/providers/) are exempt: they are not actors but the blocking code the
+    Router runs on worker threads, where a lock around a non-thread-safe library (llama.cpp) is right.
+    """
+    files = sorted(p for p in ACTORS_DIR.rglob("*.py") if "providers" not in p.relative_to(ACTORS_DIR).parts)
     assert files, ACTORS_DIR
     found = [use for path in files for use in lock_uses(path.read_text(encoding="utf-8"), path.name)]
     assert not found, "\n".join(found)

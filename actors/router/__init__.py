@@ -1,0 +1,1 @@
+"""The Router: the one owner of the model catalog, provider credentials, providers and canonical receipts."""

@@ -1,0 +1,245 @@
+"""The Router's wire protocol: requests, turn events and typed errors (RULES.md A.2, C.3)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from actors.types import (
+    AgentContinuation,
+    ModelContext,
+    ResolvedAgentModel,
+    TokenUsage,
+    ToolCallError,
+    ToolResult,
+    UsageReceipt,
+)
+from transport.codec import JsonValue
+from transport.errors import BusError
+
+# ----------------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolveModel:
+    TAG: ClassVar[str] = "router.resolve_model"
+    requested: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTurn:
+    """Start one provider turn under a new child operation of ``parent_operation_id`` (RT-12)."""
+
+    TAG: ClassVar[str] = "router.start_turn"
+    user_id: str
+    parent_operation_id: uuid.UUID
+    model: str
+    input: str
+    tool_description: str
+    round: int | None = None
+    reasoning_effort: str | None = None
+    instructions: str | None = None
+    continuation: AgentContinuation | None = None
+    timeout_s: float | None = None
+    ephemeral: bool = False
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted:
+    TAG: ClassVar[str] = "router.turn_started"
+    operation_id: uuid.UUID
+    model: ResolvedAgentModel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NextTurnEvent:
+    """The next event of a turn; answered when one is there (the Router never blocks on it)."""
+
+    TAG: ClassVar[str] = "router.next_event"
+    operation_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamTurnEvents:
+    """Every remaining event of a turn as partial replies, the terminal one as the final reply."""
+
+    TAG: ClassVar[str] = "router.stream_events"
+    operation_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RespondCall:
+    TAG: ClassVar[str] = "router.respond"
+    operation_id: uuid.UUID
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinishUnavailable:
+    """Account for an interrupted turn: its one receipt (the stored one if it has one already)."""
+
+    TAG: ClassVar[str] = "router.finish_unavailable"
+    operation_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelOperation:
+    """Cancel an operation and, transitively, every child operation under it."""
+
+    TAG: ClassVar[str] = "router.cancel"
+    operation_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperationsCancelled:
+    TAG: ClassVar[str] = "router.cancelled"
+    operation_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetReceipt:
+    TAG: ClassVar[str] = "router.get_receipt"
+    operation_id: uuid.UUID
+
+
+# ------------------------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnInput:
+    """The normalized context the provider was actually sent (one per provider request)."""
+
+    TAG: ClassVar[str] = "router.ev.input"
+    context: ModelContext
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnTextDelta:
+    TAG: ClassVar[str] = "router.ev.text"
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnUsage:
+    TAG: ClassVar[str] = "router.ev.usage"
+    usage: TokenUsage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnToolCall:
+    """A native tool call with its exact provider call id; ``error`` set when it was invalid."""
+
+    TAG: ClassVar[str] = "router.ev.tool_call"
+    call_id: str
+    name: str
+    arguments: dict[str, JsonValue] | None = None
+    error: ToolCallError | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnCompleted:
+    TAG: ClassVar[str] = "router.ev.completed"
+    answer: str
+    usage: TokenUsage | None
+    receipt: UsageReceipt
+    continuation: AgentContinuation | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnClosed:
+    """The provider stream ended without a terminal completion (the turn still needs accounting)."""
+
+    TAG: ClassVar[str] = "router.ev.closed"
+
+
+TurnEvent = TurnInput | TurnTextDelta | TurnUsage | TurnToolCall | TurnCompleted | TurnClosed
+TERMINAL_EVENTS = (TurnCompleted, TurnClosed)
+
+# ------------------------------------------------------------------------------------------------- errors
+
+
+class RouterError(BusError):
+    """A Router failure. ``receipt`` is the canonical receipt the Router attached, if it issued one."""
+
+    WIRE = "router"
+
+    def __init__(self, message: str = "", *, receipt: UsageReceipt | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.receipt = receipt
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {**self.details, "receipt": self.receipt}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: Mapping[str, Any]) -> BusError:
+        fields = dict(fields)
+        receipt = fields.pop("receipt", None)
+        if receipt is not None and not isinstance(receipt, UsageReceipt):
+            raise ValueError("receipt is not a UsageReceipt")
+        return cls(message, receipt=receipt, **fields)
+
+
+class TurnNotFound(RouterError):
+    WIRE = "router.turn_not_found"
+
+
+class TurnTerminated(RouterError):
+    """The turn already ended (its receipt is attached): nothing more can happen on it."""
+
+    WIRE = "router.turn_terminated"
+
+
+class InvalidCallId(RouterError):
+    """``respond`` for a call id that was not surfaced, or was answered already: nothing was sent."""
+
+    WIRE = "router.invalid_call_id"
+
+
+class ProviderFailed(RouterError):
+    WIRE = "router.provider_failed"
+
+
+class ProviderUnavailable(RouterError):
+    WIRE = "router.provider_unavailable"
+
+
+class TurnCancelled(RouterError):
+    WIRE = "router.cancelled"
+
+
+class TurnTimedOut(RouterError):
+    WIRE = "router.timed_out"
+
+
+ROUTER_MESSAGES = (
+    ResolveModel,
+    StartTurn,
+    TurnStarted,
+    NextTurnEvent,
+    StreamTurnEvents,
+    RespondCall,
+    FinishUnavailable,
+    CancelOperation,
+    OperationsCancelled,
+    GetReceipt,
+    TurnInput,
+    TurnTextDelta,
+    TurnUsage,
+    TurnToolCall,
+    TurnCompleted,
+    TurnClosed,
+)
+ROUTER_ERRORS: tuple[type[BusError], ...] = (
+    RouterError,
+    TurnNotFound,
+    TurnTerminated,
+    InvalidCallId,
+    ProviderFailed,
+    ProviderUnavailable,
+    TurnCancelled,
+    TurnTimedOut,
+)

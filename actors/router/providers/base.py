@@ -1,0 +1,139 @@
+"""The provider seam: what a provider implements to run one streaming turn for the Router.
+
+A provider turn runs on a worker thread of its own (never the Router's): it may block on the network, on
+llama.cpp, or on a tool result. It talks to the Router only through ``TurnIO``: ``emit`` events as they
+happen, ``wait_result`` for the result of a tool call it emitted, and it watches ``cancelled``. It returns a
+``ProviderOutcome`` or raises ``ProviderError`` (with the original exception as ``__cause__``).
+
+The Router owns everything else: operation ids, the one ``call_ktool`` definition, strict parsing of tool
+calls, receipts, timeouts and cancellation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from actors.types import ModelContext, ResolvedAgentModel, TokenUsage, ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a chat-style conversation, in the provider-neutral form the Router keeps."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[NativeToolCall, ...] = ()  # assistant only
+    tool_call_id: str | None = None  # tool only
+
+
+@dataclass(frozen=True, slots=True)
+class NativeToolCall:
+    """A tool call exactly as the provider produced it (the Router parses ``arguments`` strictly)."""
+
+    call_id: str
+    name: str
+    arguments: str  # raw JSON text, possibly invalid
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """The one native tool offered to the provider (``call_ktool``) in OpenAI function form."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """Everything a provider needs for one turn; ``messages`` is the whole conversation so far."""
+
+    model: ResolvedAgentModel
+    messages: tuple[ChatMessage, ...]
+    tool: ToolSpec
+    reasoning_effort: str | None = None
+    max_output_tokens: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # provider settings from the catalog
+
+
+# Events a provider emits (in provider order).
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    context: ModelContext
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageUpdate:
+    usage: TokenUsage  # cumulative for the turn
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequested:
+    call: NativeToolCall
+
+
+ProviderEvent = Submitted | TextDelta | UsageUpdate | ToolCallRequested
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOutcome:
+    answer: str
+    usage: TokenUsage | None
+    # Native state to continue from (e.g. a response id); None: the Router keeps the messages itself.
+    continuation: bytes | None = None
+
+
+class ProviderError(Exception):
+    """A provider failure. ``kind`` says how the turn ends; ``__cause__`` is the original exception.
+
+    kinds: "unavailable" (the provider could not be reached or went away: connection refused, reset,
+    killed server), "failed" (it answered with an error), "cancelled", "timed_out".
+    """
+
+    def __init__(self, kind: str, message: str, *, started: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.started = started  # whether any output had arrived before the failure
+
+
+class TurnCancelled(Exception):
+    """Raised by ``TurnIO.wait_result`` (and checked by providers) when the Router cancelled the turn."""
+
+
+class TurnIO(Protocol):
+    """The provider's only view of the Router; safe to use from the worker thread."""
+
+    cancelled: threading.Event
+
+    def emit(self, event: ProviderEvent) -> None: ...
+
+    def wait_result(self, call_id: str) -> ToolResult:
+        """Block until the Router delivers the result for ``call_id``; raises TurnCancelled."""
+        ...
+
+
+class Provider(Protocol):
+    """A provider client (one per provider entry in the config; shared by all its turns)."""
+
+    name: str
+
+    def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+        """Run one turn on the calling (worker) thread until a final answer; emit events on the way."""
+        ...
+
+    def close(self) -> None: ...

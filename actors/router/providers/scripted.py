@@ -1,0 +1,151 @@
+"""A deterministic scripted model: replies, tool calls, usage, delays and failures from a script.
+
+For tests, replays and benchmarks. Each turn takes the next script (a list of steps); a tool-call step
+emits the call and waits for its result like a real provider. Step forms (plain dicts, so a config file can
+hold them)::
+
+    {"text": "Hello", "chunks": 2}          stream text (split into `chunks` deltas)
+    {"call": {"name": "x", "arguments": {...}}, "id": "c1"}   call_ktool with JSON-object arguments
+    {"raw_call": {"name": "fn", "arguments": "{not json"}, "id": "c2"}   a native call sent verbatim
+    {"usage": {"input_tokens": 10, "output_tokens": 3}}         cumulative usage
+    {"delay": 0.01}                          sleep (the injected sleep; tests never wait for real)
+    {"fail": "unavailable" | "failed", "message": "...", "after_output": true}
+    {"hang": true}                           wait until cancelled (timeouts, cancellation)
+    {"close": true}                          end the stream without a final answer
+
+The answer is the concatenated text after the last tool call. ``ScriptedProvider.turns`` records every
+request it received, for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from actors.router.providers.base import (
+    NativeToolCall,
+    ProviderError,
+    ProviderOutcome,
+    Submitted,
+    TextDelta,
+    ToolCallRequested,
+    TurnCancelled,
+    TurnIO,
+    TurnRequest,
+    UsageUpdate,
+)
+from actors.types import CALL_KTOOL, ContextItem, ModelContext, TokenUsage
+
+Step = Mapping[str, Any]
+
+
+class StreamClosed(Exception):
+    """A script's {"close": true}: the Router reports the turn closed without completion."""
+
+
+class ScriptedProvider:
+    """Runs scripts; thread-safe (turns may run concurrently on the Router's worker threads)."""
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        scripts: Iterable[Sequence[Step]] = (),
+        *,
+        default: Sequence[Step] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._scripts: deque[Sequence[Step]] = deque(scripts)
+        self._default = default if default is not None else [{"text": "ok"}]
+        self._sleep = sleep
+        self.turns: list[TurnRequest] = []
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> ScriptedProvider:
+        return cls(options.get("scripts", ()), default=options.get("default"))
+
+    def add(self, *scripts: Sequence[Step]) -> None:
+        self._scripts.extend(scripts)
+
+    def close(self) -> None:
+        pass
+
+    def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+        # deque.popleft and list.append are atomic: concurrent turns each take a different script.
+        self.turns.append(request)
+        try:
+            script = self._scripts.popleft()
+        except IndexError:
+            script = self._default
+        io.emit(Submitted(_context(request)))
+        text: list[str] = []
+        usage: TokenUsage | None = None
+        produced = False
+        for step in script:
+            if io.cancelled.is_set():
+                raise ProviderError("cancelled", "turn cancelled", started=produced)
+            if "text" in step:
+                chunks = max(1, int(step.get("chunks", 1)))
+                body = str(step["text"])
+                size = max(1, -(-len(body) // chunks))
+                for i in range(0, len(body), size):
+                    io.emit(TextDelta(body[i : i + size]))
+                text.append(body)
+                produced = True
+            elif "call" in step or "raw_call" in step:
+                call = self._call(step)
+                io.emit(ToolCallRequested(call))
+                produced = True
+                try:
+                    io.wait_result(call.call_id)
+                except TurnCancelled:
+                    raise ProviderError("cancelled", "turn cancelled", started=True) from None
+                text.clear()  # the answer is what follows the last tool call
+                io.emit(Submitted(_context(request, continued=True)))
+            elif "usage" in step:
+                usage = TokenUsage(**dict(step["usage"]))
+                io.emit(UsageUpdate(usage))
+            elif "delay" in step:
+                self._sleep(float(step["delay"]))
+            elif "fail" in step:
+                raise ProviderError(
+                    str(step["fail"]), str(step.get("message", "scripted failure")),
+                    started=produced or bool(step.get("after_output")),
+                ) from ConnectionResetError(str(step.get("message", "scripted failure")))
+            elif step.get("hang"):
+                io.cancelled.wait()
+                raise ProviderError("cancelled", "turn cancelled", started=produced)
+            elif step.get("close"):
+                raise StreamClosed()
+            else:
+                raise ValueError(f"unknown script step {dict(step)!r}")
+        return ProviderOutcome("".join(text), usage)
+
+    @staticmethod
+    def _call(step: Step) -> NativeToolCall:
+        if "raw_call" in step:
+            raw = step["raw_call"]
+            return NativeToolCall(str(step.get("id", "call-1")), str(raw["name"]), str(raw["arguments"]))
+        call = step["call"]
+        arguments = json.dumps({"name": call["name"], "arguments": call.get("arguments", {})})
+        return NativeToolCall(str(step.get("id", "call-1")), CALL_KTOOL, arguments)
+
+
+def _context(request: TurnRequest, *, continued: bool = False) -> ModelContext:
+    items = tuple(
+        ContextItem(role=m.role, text=m.content, call_id=m.tool_call_id)
+        for m in request.messages
+        if m.role != "system"
+    )
+    instructions = next((m.content for m in request.messages if m.role == "system"), None)
+    return ModelContext(
+        model=request.model.provider_model,
+        reasoning_effort=request.reasoning_effort,
+        instructions=instructions,
+        items=items,
+        tools=(request.tool.name,),
+        continued=continued,
+    )

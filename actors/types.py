@@ -1,0 +1,165 @@
+"""Agent-level value types every layer shares (RULES.md Appendix A.2/A.3): models, usage, receipts, calls.
+
+All are frozen, keyword-only dataclasses with written-out tags, so they travel on the bus inside messages
+and errors. Only the Router constructs a ``UsageReceipt`` (RT-09).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from transport.codec import JsonValue
+
+CALL_KTOOL = "call_ktool"  # the one native tool every provider path declares (RT-04)
+
+
+class AgentProvider(enum.StrEnum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    CODEX = "codex"
+    LOCAL = "local"
+    SCRIPTED = "scripted"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenUsage:
+    """Cumulative usage of one provider turn (non-decreasing across updates)."""
+
+    TAG: ClassVar[str] = "agent.usage"
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_output_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedAgentModel:
+    """The exact model a name resolved to, as the Router's catalog says (RT-03)."""
+
+    TAG: ClassVar[str] = "agent.model"
+    requested: str
+    model: str
+    provider: AgentProvider
+    provider_model: str
+    context_window_tokens: int
+    max_input_tokens: int
+    reasoning_efforts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentContinuation:
+    """Opaque native continuation: only the Router interprets ``token``."""
+
+    TAG: ClassVar[str] = "agent.continuation"
+    provider: AgentProvider
+    model: str
+    token: bytes
+
+
+ReceiptStatus = Literal["completed", "interrupted", "failed", "cancelled", "timed_out", "unavailable"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageReceipt:
+    """The canonical accounting record of one provider turn; exactly one per turn, on every path."""
+
+    TAG: ClassVar[str] = "agent.receipt"
+    receipt_id: str
+    operation_id: uuid.UUID
+    parent_operation_id: uuid.UUID
+    user_id: str
+    provider: AgentProvider
+    provider_model: str
+    model: str
+    round: int | None
+    status: ReceiptStatus
+    usage: TokenUsage | None
+    issued_at_ms: int
+    started_at_ms: int = 0
+    duration_ms: int = 0
+    cost_usd: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContextItem:
+    TAG: ClassVar[str] = "agent.context_item"
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    text: str
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelContext:
+    """What was actually submitted to the provider for one request (normalized)."""
+
+    TAG: ClassVar[str] = "agent.model_context"
+    model: str
+    reasoning_effort: str | None
+    instructions: str | None
+    items: tuple[ContextItem, ...]
+    tools: tuple[str, ...] = (CALL_KTOOL,)
+    continued: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    TAG: ClassVar[str] = "agent.tool_result"
+    success: bool
+    output: str
+
+
+class ToolCallErrorKind(enum.StrEnum):
+    INVALID_JSON = "invalid_json"
+    NOT_OBJECT = "not_object"
+    MISSING_NAME = "missing_name"
+    INVALID_NAME = "invalid_name"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNEXPECTED_FIELD = "unexpected_field"
+    UNKNOWN_FUNCTION = "unknown_function"
+
+
+TOOL_CALL_ERROR_MAX = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallError:
+    """A bounded classification of an invalid native tool call (RT-06): a value, not an exception."""
+
+    TAG: ClassVar[str] = "agent.tool_call_error"
+    kind: ToolCallErrorKind
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.detail) > 160:
+            object.__setattr__(self, "detail", self.detail[:157] + "...")
+
+    def __str__(self) -> str:
+        return f"invalid tool call ({self.kind}): {self.detail}"[:TOOL_CALL_ERROR_MAX]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """A strictly parsed ``call_ktool`` call: the application tool's name and its JSON-object arguments."""
+
+    TAG: ClassVar[str] = "agent.tool_call"
+    name: str
+    arguments: dict[str, JsonValue] = field(default_factory=dict)
+
+
+AGENT_TYPES = (
+    TokenUsage,
+    ResolvedAgentModel,
+    AgentContinuation,
+    UsageReceipt,
+    ContextItem,
+    ModelContext,
+    ToolResult,
+    ToolCallError,
+    ToolCall,
+)

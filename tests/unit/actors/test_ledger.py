@@ -1,0 +1,250 @@
+"""Tests for actors.router.ledger: exactly one durable receipt per operation, read back as written."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.router.ledger import ReceiptLedger
+from actors.types import AgentProvider, TokenUsage, UsageReceipt
+
+PARENT = uuid.UUID(int=1)
+
+
+def receipt(n: int = 0, **changes: Any) -> UsageReceipt:
+    base = UsageReceipt(
+        receipt_id=f"rcpt-{n}",
+        operation_id=uuid.UUID(int=1000 + n),
+        parent_operation_id=PARENT,
+        user_id="alice",
+        provider=AgentProvider.OPENAI,
+        provider_model="gpt-4.1-2025-04-14",
+        model="gpt-4.1",
+        round=3,
+        status="completed",
+        usage=TokenUsage(
+            input_tokens=1200,
+            cached_input_tokens=200,
+            output_tokens=300,
+            reasoning_output_tokens=100,
+            total_tokens=1500,
+        ),
+        issued_at_ms=1_700_000_000_000 + n,
+        started_at_ms=1_699_999_999_000,
+        duration_ms=1000 + n,
+        cost_usd=0.0049,
+        error=None,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "deeper" / "receipts.sqlite3"
+
+
+@pytest.fixture
+def ledger(path: Path) -> Iterator[ReceiptLedger]:
+    with ReceiptLedger(path) as opened:
+        yield opened
+
+
+def test_a_recorded_receipt_reads_back_equal(ledger: ReceiptLedger) -> None:
+    r = receipt()
+    assert ledger.record(r) == r
+    assert ledger.get(r.operation_id) == r
+    assert ledger.count() == 1
+
+
+def test_none_fields_round_trip(ledger: ReceiptLedger) -> None:
+    r = receipt(usage=None, cost_usd=None, round=None, error=None, status="interrupted")
+    assert ledger.record(r) == r
+    assert ledger.get(r.operation_id) == r
+    failed = receipt(1, usage=TokenUsage(), cost_usd=0.0, error="provider said no", status="failed")
+    assert ledger.record(failed) == failed
+    stored = ledger.get(failed.operation_id)
+    assert stored == failed and stored is not None and stored.usage == TokenUsage()
+
+
+def test_every_field_round_trips_exactly(ledger: ReceiptLedger) -> None:
+    r = receipt(
+        provider=AgentProvider.LOCAL,
+        user_id="ünïcødé \x00 user",
+        cost_usd=0.1 + 0.2,  # not representable in decimal: must come back bit for bit
+        round=0,
+        usage=TokenUsage(input_tokens=2**62, total_tokens=2**62),
+        issued_at_ms=2**53 + 1,
+    )
+    back = ledger.record(r)
+    assert back == r
+    assert type(back.operation_id) is uuid.UUID and type(back.provider) is AgentProvider
+    assert back.cost_usd == 0.1 + 0.2
+
+
+def test_get_of_an_unknown_operation_is_none(ledger: ReceiptLedger) -> None:
+    assert ledger.get(uuid.uuid4()) is None
+
+
+def test_exactly_once_the_first_receipt_stays(ledger: ReceiptLedger) -> None:
+    first = receipt(status="completed")
+    second = receipt(status="cancelled", receipt_id="rcpt-other", usage=None, cost_usd=None, error="late")
+    assert second.operation_id == first.operation_id
+    assert ledger.record(first) == first
+    assert ledger.record(second) == first  # the stored one, unchanged
+    assert ledger.get(first.operation_id) == first
+    assert ledger.count() == 1
+
+
+def test_a_receipt_id_reused_by_another_operation_is_refused(ledger: ReceiptLedger) -> None:
+    ledger.record(receipt(0))
+    with pytest.raises(sqlite3.IntegrityError):
+        ledger.record(receipt(1, receipt_id="rcpt-0"))
+    assert ledger.count() == 1
+    ledger.record(receipt(2))  # the failed write left no transaction open
+    assert ledger.count() == 2
+
+
+def test_receipts_survive_a_restarted_router(path: Path) -> None:
+    first = ReceiptLedger(path)
+    recorded = [first.record(receipt(n)) for n in range(3)]
+    first.close()
+    assert path.exists()
+    second = ReceiptLedger(path)
+    try:
+        assert second.count() == 3
+        assert [second.get(r.operation_id) for r in recorded] == recorded
+        # Exactly once across the restart too.
+        assert second.record(receipt(0, status="failed", receipt_id="rcpt-again")) == recorded[0]
+        assert second.count() == 3
+    finally:
+        second.close()
+
+
+def test_the_file_is_in_wal_mode(ledger: ReceiptLedger, path: Path) -> None:
+    ledger.record(receipt())
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        conn.close()
+
+
+def test_a_record_is_committed_when_it_returns(ledger: ReceiptLedger, path: Path) -> None:
+    r = ledger.record(receipt())
+    # Another connection (another process, say) sees it at once: nothing is left in an open transaction.
+    other = sqlite3.connect(path)
+    try:
+        assert other.execute("SELECT receipt_id FROM receipts").fetchall() == [(r.receipt_id,)]
+    finally:
+        other.close()
+
+
+def test_same_operation_from_ten_threads_gives_one_row_and_one_answer(path: Path) -> None:
+    ReceiptLedger(path).close()  # never opened: creating the file is left to the racing threads
+    results: list[UsageReceipt] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start = threading.Barrier(10)
+
+    def worker(n: int) -> None:
+        ledger = ReceiptLedger(path)  # its own connection, opened in this thread
+        try:
+            start.wait(timeout=10)
+            mine = receipt(0, receipt_id=f"rcpt-thread-{n}", status="completed" if n % 2 else "failed")
+            got = ledger.record(mine)
+            with lock:
+                results.append(got)
+        except BaseException as exc:  # reported to the test below
+            with lock:
+                errors.append(exc)
+        finally:
+            ledger.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert len(results) == 10
+    assert len(set(results)) == 1
+    winner = results[0]
+    assert winner.receipt_id.startswith("rcpt-thread-")
+    with ReceiptLedger(path) as check:
+        assert check.count() == 1
+        assert check.get(winner.operation_id) == winner
+
+
+def test_for_parent_orders_by_issue_time(ledger: ReceiptLedger) -> None:
+    other_parent = uuid.UUID(int=2)
+    issued = {0: 30, 1: 10, 2: 20, 3: 20, 4: 5}
+    for n, at in issued.items():
+        ledger.record(receipt(n, issued_at_ms=at))
+    ledger.record(receipt(9, parent_operation_id=other_parent, issued_at_ms=1))
+    children = ledger.for_parent(PARENT)
+    assert [r.receipt_id for r in children] == ["rcpt-4", "rcpt-1", "rcpt-2", "rcpt-3", "rcpt-0"]
+    assert [r.receipt_id for r in ledger.for_parent(other_parent)] == ["rcpt-9"]
+    assert ledger.for_parent(uuid.UUID(int=3)) == ()
+
+
+def test_a_closed_ledger_refuses_use(path: Path) -> None:
+    ledger = ReceiptLedger(path)
+    ledger.record(receipt())
+    ledger.close()
+    ledger.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        ledger.get(receipt().operation_id)
+
+
+def test_the_connection_is_opened_lazily_and_bound_to_its_thread(path: Path) -> None:
+    ledger = ReceiptLedger(path)  # made here, as the Router's __init__ would
+    assert not path.exists()
+    got: list[int] = []
+
+    def router_thread() -> None:
+        got.append(ledger.count())
+        try:
+            ledger.record(receipt())
+            got.append(ledger.count())
+        finally:
+            ledger.close()
+
+    t = threading.Thread(target=router_thread)
+    t.start()
+    t.join(timeout=30)
+    assert got == [0, 1]
+
+
+def test_use_from_a_second_thread_is_refused(ledger: ReceiptLedger) -> None:
+    ledger.count()
+    caught: list[BaseException] = []
+
+    def intruder() -> None:
+        try:
+            ledger.count()
+        except sqlite3.ProgrammingError as exc:
+            caught.append(exc)
+
+    t = threading.Thread(target=intruder)
+    t.start()
+    t.join(timeout=30)
+    assert len(caught) == 1
+
+
+def test_a_newer_schema_is_refused(path: Path) -> None:
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.commit()
+    conn.close()
+    ledger = ReceiptLedger(path)
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        ledger.count()
