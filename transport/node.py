@@ -33,7 +33,14 @@ from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_he
 from transport.envelope import Address, Flow, Header, Inbound, Route, is_node_name, new_id, node_of
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.messages import SYSTEM_MESSAGES, ErrorReply, Hello, Resolve, Resolved
-from transport.pending import BusFuture, PendingRequest, PendingTable, Reply, forbid_blocking
+from transport.pending import (
+    BusFuture,
+    PendingRequest,
+    PendingTable,
+    Reply,
+    current_actor,
+    forbid_blocking,
+)
 from transport.security import Security, SecurityError, ZapService, user_id
 from transport.sockets import (
     Channel,
@@ -293,11 +300,18 @@ class Node:
         return tuple(self._actors)
 
     # ----------------------------------------------------------------------------------- client API
-    def client_address(self) -> str:
-        """The address a plain (non-actor) thread sends from; errors to its tells come back here."""
-        src: str | None = getattr(self._tls, "src", None)
+    def client_address(self, *, via_node: bool = False) -> str:
+        """The address a plain (non-actor) thread sends from; errors to its tells come back here.
+
+        A thread has two ordered streams: its blocking calls and tells go over its own connection,
+        its futures through the node's I/O thread. Each stream is its own sender (FIFO holds within
+        each, MB-05), so the futures stream has its own address.
+        """
+        key = "src_node" if via_node else "src"
+        src: str | None = getattr(self._tls, key, None)
         if src is None:
-            src = self._tls.src = f"{self.name}/client.{threading.get_ident()}"
+            src = f"{self.name}/client.{threading.get_ident()}{'.f' if via_node else ''}"
+            setattr(self._tls, key, src)
         return src
 
     def header(
@@ -427,6 +441,7 @@ class Node:
                 self.context, peer, self.options, self.security, self.registry, self.monotonic,
                 self.stats.incr,
             )
+            channel.on_tell = self._client_tell_error
             channels[peer.endpoint] = channel
             with self._channels_lock:
                 self._channels.append(channel)
@@ -477,7 +492,7 @@ class Node:
         """Send a request; the returned future resolves with the reply or the typed error."""
         timeout = self.request_timeout if timeout is None else timeout
         future = BusFuture()
-        src = fields.pop("src", None) or self.client_address()
+        src = fields.pop("src", None) or self.client_address(via_node=True)
 
         def deliver(reply: Reply) -> None:
             if reply.final or reply.error is not None:
@@ -497,10 +512,51 @@ class Node:
     def tell(self, dst: str, message: Any, *, src: str | None = None, **fields: Any) -> bytes:
         """One-way send; returns the message id. A handler error comes back as a tell error (see
         ``on_tell_error``); delivery failures known at once are reported the same way."""
+        if src is None and current_actor() is None and self._running:
+            peer = self._peers.get(node_of(dst))
+            if peer is not None and peer.name != self.name:
+                return self._channel_tell(peer, dst, message, fields)
         src = src or self.client_address()
         header = self.header(self.registry.tag_of(message), src, dst, "tell", **fields)
         self.send(header, self.registry.encode(message))
         return header.id
+
+    def _channel_tell(self, peer: Peer, dst: str, message: Any, fields: dict[str, Any]) -> bytes:
+        """A plain thread's tell goes over the same connection as its blocking requests: one FIFO stream
+        per (thread, actor), so a tell is never overtaken by a later request (MB-05), and no hop."""
+        deadline = self.monotonic() + self.request_timeout
+        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+        direct = cache[dst] if cache is not None and dst in cache else self._direct_peer(peer, dst, deadline)
+        src = self.client_address()
+        header = self.header(self.registry.tag_of(message), src, dst, "tell", **fields)
+        frames = [encode_header(header), self.registry.encode(message)]
+        if self.capture is not None:
+            self.capture.record("send", src, frames)
+        channel = self._channel(direct or peer)
+        channel.drain()
+        try:
+            channel.send(frames, min(deadline, self.monotonic() + 1.0) if direct is not None else deadline)
+        except NotDelivered as exc:
+            if direct is None:
+                self._report_tell_error(exc, header.id)
+                return header.id
+            self._tls.direct.pop(dst, None)
+            self.stats.incr("direct_fallbacks")
+            try:
+                self._channel(peer).send(frames, deadline)
+            except NotDelivered as again:
+                self._report_tell_error(again, header.id)
+        return header.id
+
+    def _report_tell_error(self, error: BusError, tell_id: bytes) -> None:
+        self.stats.incr("tell_errors")
+        if not self._tell_error_listeners:
+            log.warning("node %s: tell %s failed: %r", self.name, tell_id.hex(), error)
+        for listener in list(self._tell_error_listeners):
+            try:
+                listener(error, tell_id)
+            except Exception:
+                log.exception("tell-error listener failed")
 
     def on_tell_error(self, callback: Callable[[BusError, bytes | None], None]) -> None:
         """Call ``callback(error, tell_id)`` for errors coming back to this node's client threads."""
@@ -643,15 +699,11 @@ class Node:
             self._direct.pop(actor, None)
 
     def _client_tell_error(self, header: Header, body: bytes) -> None:
+        if header.kind != ErrorReply.TAG:
+            self.stats.incr("unsolicited")
+            return
         error = error_of(self.registry, header, body) or ProtocolError("empty tell error")
-        self.stats.incr("tell_errors")
-        if not self._tell_error_listeners:
-            log.warning("node %s: tell %s failed: %r", self.name, (header.corr or b"").hex(), error)
-        for listener in list(self._tell_error_listeners):
-            try:
-                listener(error, header.corr)
-            except Exception:
-                log.exception("tell-error listener failed")
+        self._report_tell_error(error, header.corr or b"")
 
     def _fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None:
         """A send that is known to have failed: the request's waiter or the tell's sender hears of it."""

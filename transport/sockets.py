@@ -186,6 +186,8 @@ class Channel:
         self._poller.register(self.monitor, zmq.POLLIN)
         # inproc has no ZMTP handshake, so no monitor event ever says it is ready: it is once connected.
         self.ready = peer.endpoint.startswith("inproc://")
+        # Tells that come back over this connection (errors for tells sent on it) go here.
+        self.on_tell: Callable[[Header, bytes], None] | None = None
         self.refusal: str | None = None
         self.closed = False
 
@@ -256,6 +258,9 @@ class Channel:
             except ProtocolError:
                 self._on_drop("malformed")
                 continue
+            if reply.flow == "tell":
+                self._tell_arrived(reply, parts[2])
+                continue
             if reply.corr != header.id or not reply.is_reply:
                 self._on_drop("late_reply")
                 continue
@@ -263,6 +268,30 @@ class Channel:
                 self._on_drop("spoofed")
                 continue
             return reply, parts[2]
+
+    def _tell_arrived(self, header: Header, body: bytes) -> None:
+        if node_of(header.src) != self.peer.name:
+            self._on_drop("spoofed")
+        elif self.on_tell is not None:
+            self.on_tell(header, body)
+        else:
+            self._on_drop("unsolicited")
+
+    def drain(self) -> None:
+        """Take in whatever has arrived unasked (tell errors) without waiting."""
+        sock = self.sock
+        while readable(sock):
+            parts = recv_frames(sock)
+            try:
+                header = decode_header(parts[1], max_bytes=self._max_header) if len(parts) == 3 else None
+            except ProtocolError:
+                header = None
+            if header is None or parts[0]:
+                self._on_drop("malformed")
+            elif header.flow == "tell":
+                self._tell_arrived(header, parts[2])
+            else:
+                self._on_drop("late_reply")
 
     def call(
         self, header: Header, frames: list[bytes], deadline: float, connect_by: float | None = None

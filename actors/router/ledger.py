@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from os import PathLike
 from pathlib import Path
@@ -127,6 +128,21 @@ def _receipt(row: _Row) -> UsageReceipt:
     )
 
 
+def _enable_wal(conn: sqlite3.Connection) -> str:
+    """Switch the file to WAL (a no-op once it is); the journal mode SQLite reports back."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            # Two connections switching a new file at once deadlock on the lock upgrade, and SQLite then
+            # returns SQLITE_BUSY at once instead of calling the busy handler: wait here instead.
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 class ReceiptLedger:
     """Receipts keyed by operation: at most one per operation, never overwritten, durable once returned.
 
@@ -152,7 +168,7 @@ class ReceiptLedger:
         # isolation_level=None: no implicit transactions; each write is an explicit BEGIN IMMEDIATE..COMMIT.
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            mode = _enable_wal(conn)
             if mode != "wal":
                 raise RuntimeError(f"receipt ledger {self.path}: no WAL journal here (got {mode!r})")
             # FULL: in WAL mode a commit is on disk when it returns; a reported receipt survives power loss.

@@ -1,4 +1,4 @@
-"""Tests for actors.router.catalog: resolution by id and alias, config validation, prices, UnknownModel on the wire."""
+"""Tests for actors.router.catalog: lookup by id and alias, validation, prices, UnknownModel on the wire."""
 
 from __future__ import annotations
 
@@ -138,9 +138,7 @@ def test_an_unknown_name_raises_unknown_model_listing_the_known_names(name: str)
     err = info.value
     assert err.requested == name
     assert err.known == catalog().names()
-    assert err.message == (
-        f"unknown model {name!r}; known: big, coder, default, gpt-4.1, local, smollm2"
-    )
+    assert err.message == (f"unknown model {name!r}; known: big, coder, default, gpt-4.1, local, smollm2")
 
 
 def test_unknown_model_message_is_bounded() -> None:
@@ -214,7 +212,8 @@ def test_default_catalog_resolves_default() -> None:
         max_input_tokens=1536,
     )
     assert provider == ProviderEntry(name="local", kind="local")
-    assert entry.prices is not None and entry.prices.cost_usd(TokenUsage(input_tokens=9, output_tokens=9)) == 0
+    assert entry.prices is not None
+    assert entry.prices.cost_usd(TokenUsage(input_tokens=9, output_tokens=9)) == 0
     scripted, _, scripted_provider = DEFAULT_CATALOG.resolve("scripted")
     assert scripted.provider is AgentProvider.SCRIPTED and scripted_provider.kind == "scripted"
     assert (scripted.context_window_tokens, scripted.max_input_tokens) == (32768, 30000)

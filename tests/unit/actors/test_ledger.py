@@ -149,7 +149,7 @@ def test_a_record_is_committed_when_it_returns(ledger: ReceiptLedger, path: Path
 def test_same_operation_from_ten_threads_gives_one_row_and_one_answer(path: Path) -> None:
     ReceiptLedger(path).close()  # never opened: creating the file is left to the racing threads
     results: list[UsageReceipt] = []
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
     lock = threading.Lock()
     start = threading.Barrier(10)
 
@@ -161,7 +161,7 @@ def test_same_operation_from_ten_threads_gives_one_row_and_one_answer(path: Path
             got = ledger.record(mine)
             with lock:
                 results.append(got)
-        except BaseException as exc:  # reported to the test below
+        except Exception as exc:  # noqa: BLE001 - reported to the test below
             with lock:
                 errors.append(exc)
         finally:

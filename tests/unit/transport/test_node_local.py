@@ -570,13 +570,24 @@ def test_ten_thousand_tells_arrive_in_order(node: Node) -> None:
 
 
 def test_tells_across_an_inproc_connection_arrive_in_order(pair: tuple[Node, Node]) -> None:
-    """MB-05 across the socket path (kept below the socket high-water marks: delivery is at-most-once)."""
+    """MB-05 across the socket path (kept below the socket high-water marks: delivery is at-most-once).
+
+    A thread's tells and blocking requests are one ordered stream: the request sent after the tells
+    finds all of them delivered."""
     a, b = pair
     b.spawn(Recorder, "recorder")
     for i in range(500):
         a.tell("b/recorder", Echo(seq=i))
-    seen = a.request_future("b/recorder", Echo(), timeout=WAIT).result(WAIT).data
+    seen = a.request("b/recorder", Echo(), timeout=WAIT).data
     assert seen == list(range(500))
+    assert b.stats["seq_gaps"] == 0
+
+
+def test_a_threads_futures_are_their_own_ordered_stream(pair: tuple[Node, Node]) -> None:
+    """MB-05 for futures: they travel through the node's I/O thread, as a sender of their own."""
+    a, b = pair
+    futures = [a.request_future("b/echo", Echo(seq=i), timeout=WAIT) for i in range(300)]
+    assert [f.result(WAIT).seq for f in futures] == list(range(300))
     assert b.stats["seq_gaps"] == 0
 
 
