@@ -11,15 +11,17 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pykka
 import pytest
 
-from transport import Node
+from transport import KeyPair, Node
+from transport.security import create_keys
 
 PEERS = Path(__file__).parent / "peers"
 
@@ -37,6 +39,18 @@ def ipc_dir() -> Iterator[Path]:
     os.chmod(folder, 0o700)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def make_keys(tmp_path: Path) -> Callable[[str], tuple[KeyPair, Path]]:
+    """``make_keys(name)`` writes a CURVE certificate pair (secret 0600); returns (keys, secret file)."""
+    folder = tmp_path / "keys"
+
+    def make(name: str) -> tuple[KeyPair, Path]:
+        _, secret = create_keys(folder, name)
+        return KeyPair.load(secret), secret
+
+    return make
 
 
 @pytest.fixture
@@ -58,10 +72,26 @@ def make_node() -> Iterator[Callable[..., Node]]:
 class PeerProcess:
     proc: subprocess.Popen[str]
     info: dict[str, Any]
+    # Lines the peer prints after READY (filled by one reader thread; None marks end of output).
+    lines: queue.SimpleQueue[str | None] = field(default_factory=queue.SimpleQueue)
 
     @property
     def endpoint(self) -> str:
         return str(self.info["endpoints"][0])
+
+    def expect_line(self, prefix: str, timeout: float = 20.0) -> str:
+        """Wait for the next stdout line starting with ``prefix`` (other lines are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"peer {self.proc.pid}: no {prefix!r} line within {timeout}s") from None
+            if line is None:
+                self.lines.put(None)
+                raise AssertionError(f"peer {self.proc.pid} ended before printing {prefix!r}")
+            if line.startswith(prefix):
+                return line.rstrip("\n")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -77,11 +107,27 @@ def _read_ready(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     try:
         line = lines.get(timeout=timeout)
     except queue.Empty:
-        raise AssertionError(f"peer {proc.args} not ready within {timeout}s") from None
+        raise AssertionError(f"peer {proc.args!r} not ready within {timeout}s") from None
     if not line.startswith("READY "):
-        raise AssertionError(f"peer {proc.args} failed to start: {line!r} (exit {proc.poll()})")
+        raise AssertionError(f"peer {proc.args!r} failed to start: {line!r} (exit {proc.poll()})")
     info: dict[str, Any] = json.loads(line[6:])
     return info
+
+
+def _pump_lines(peer: PeerProcess) -> None:
+    """One reader thread per peer: every later stdout line lands in ``peer.lines``; EOF ends it."""
+    stdout = peer.proc.stdout
+    assert stdout is not None
+
+    def pump() -> None:
+        try:
+            for line in stdout:
+                peer.lines.put(line)
+        except (OSError, ValueError):  # the finaliser closed the pipe
+            pass
+        peer.lines.put(None)
+
+    threading.Thread(target=pump, name=f"peer-{peer.proc.pid}-stdout", daemon=True).start()
 
 
 @pytest.fixture
@@ -100,6 +146,7 @@ def spawn_peer() -> Iterator[Callable[..., PeerProcess]]:
         peer = PeerProcess(proc, {})
         started.append(peer)
         peer.info = _read_ready(proc, timeout)
+        _pump_lines(peer)
         return peer
 
     yield spawn

@@ -559,7 +559,12 @@ class Node:
                 log.exception("tell-error listener failed")
 
     def on_tell_error(self, callback: Callable[[BusError, bytes | None], None]) -> None:
-        """Call ``callback(error, tell_id)`` for errors coming back to this node's client threads."""
+        """Call ``callback(error, tell_id)`` for errors coming back to this node's client threads.
+
+        A plain thread's tells share its own connection to the peer, so an error the far side reports
+        for one is read when that thread next uses the connection (its next tell or blocking call);
+        delivery failures known at the send are reported at once.
+        """
         self._tell_error_listeners.append(callback)
 
     # --------------------------------------------------------------------------------------- routing

@@ -684,3 +684,18 @@ def test_actors_contain_no_locks() -> None:
     assert files, ACTORS_DIR
     found = [use for path in files for use in lock_uses(path.read_text(encoding="utf-8"), path.name)]
     assert not found, "\n".join(found)
+
+
+def test_a_request_not_yet_sent_survives_a_disconnect_of_its_peer() -> None:
+    """Only requests that went out can end as Unavailable (outcome unknown); one still queued for the
+    I/O thread gets its own outcome from the send (delivered, or NotDelivered)."""
+    from transport.pending import PendingRequest, PendingTable
+
+    table = PendingTable(lambda: 0.0)
+    outcomes: list[Reply] = []
+    table.add(PendingRequest(b"s" * 16, "n2", 10.0, outcomes.append))
+    table.add(PendingRequest(b"q" * 16, "n2", 10.0, outcomes.append))
+    table.mark_sent(b"s" * 16)
+    assert table.fail_peer("n2", lambda e: Unavailable("gone")) == 1
+    assert [type(r.error) for r in outcomes] == [Unavailable]
+    assert b"q" * 16 in table
