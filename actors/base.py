@@ -136,8 +136,12 @@ class BusActor(pykka.ThreadingActor):
         (partials first when ``stream``) and for the terminal error. Returns the request id."""
         node = self.node
         header = node.header(
-            node.registry.tag_of(message), self.address, dst, "stream" if stream else "ask",
-            timeout=timeout if timeout is not None else node.request_timeout, **fields,
+            node.registry.tag_of(message),
+            self.address,
+            dst,
+            "stream" if stream else "ask",
+            timeout=timeout if timeout is not None else node.request_timeout,
+            **fields,
         )
         self._continuations[header.id] = then
         ref = self.actor_ref
@@ -232,8 +236,13 @@ class BusActor(pykka.ThreadingActor):
         node = self.node
         header = ctx.header
         reply = node.header(
-            node.registry.tag_of(message), self.address, header.src, flow,  # type: ignore[arg-type]
-            corr=header.id, conv=header.conv, turn=header.turn,
+            node.registry.tag_of(message),
+            self.address,
+            header.src,
+            flow,  # type: ignore[arg-type]
+            corr=header.id,
+            conv=header.conv,
+            turn=header.turn,
         )
         route = ctx.route if node_of(header.src) != node.name else None
         node.send(reply, node.registry.encode(message), route=route)
@@ -248,8 +257,11 @@ class BusActor(pykka.ThreadingActor):
         else:
             body = node.registry.encode(reply.message)
             header = reply.header or node.header(
-                node.registry.tag_of(reply.message), f"{node.name}/node", self.address,
-                "reply" if reply.final else "part", corr=request_id,
+                node.registry.tag_of(reply.message),
+                f"{node.name}/node",
+                self.address,
+                "reply" if reply.final else "part",
+                corr=request_id,
             )
         node.record("deliver", self.address, [encode_header(header), body])
 

@@ -27,7 +27,9 @@ def check_install() -> None:
 
     roots = {Path(str(m.__file__)).resolve().parents[1] for m in (actors, config, transport)}
     if len(roots) != 1:
-        raise SystemExit(f"kbus: actors/transport/config imported from different places: {sorted(map(str, roots))}")
+        raise SystemExit(
+            f"kbus: actors/transport/config imported from different places: {sorted(map(str, roots))}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- node
@@ -50,8 +52,11 @@ def cmd_node(args: argparse.Namespace) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    print(f"kbus node {node.name}: listening on {', '.join(node.endpoints) or '(no endpoint)'}; "
-          f"actors: {', '.join(node.actors())}", flush=True)
+    print(
+        f"kbus node {node.name}: listening on {', '.join(node.endpoints) or '(no endpoint)'}; "
+        f"actors: {', '.join(node.actors())}",
+        flush=True,
+    )
     try:
         while not done.wait(0.5):
             pass
@@ -103,7 +108,9 @@ def cmd_ping(args: argparse.Namespace) -> int:
         client.stop()
     summary = f"--- {address}: {args.count} sent, {len(times)} answered"
     if times:
-        summary += f", rtt min/median/max = {min(times):.3f}/{statistics.median(times):.3f}/{max(times):.3f} ms"
+        summary += (
+            f", rtt min/median/max = {min(times):.3f}/{statistics.median(times):.3f}/{max(times):.3f} ms"
+        )
     print(summary)
     return 0 if failures == 0 else 1
 
@@ -117,7 +124,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     except SecurityError as exc:
         print(f"kbus keys: {exc}", file=sys.stderr)
         return 1
-    print(f"public key file: {public}\nsecret key file: {secret} (mode 0600)\npublic key: {load_public_key(public)}")
+    print(f"public key file: {public}\nsecret key file: {secret} (mode 0600)")
+    print(f"public key: {load_public_key(public)}")
     return 0
 
 
@@ -142,8 +150,11 @@ def describe_record(record: Any) -> dict[str, Any]:
     if record.at in ("send", "deliver") and len(record.frames) == 2:
         try:
             header = decode_header(record.frames[0])
-            out["header"] = {k: v.hex() if isinstance(v, bytes) else v for k, v in header._asdict().items()
-                             if v is not None}
+            out["header"] = {
+                k: v.hex() if isinstance(v, bytes) else v
+                for k, v in header._asdict().items()
+                if v is not None
+            }
             out["body"] = _printable(decode_for_display(record.frames[1]))
         except ProtocolError as exc:
             out["error"] = str(exc)
@@ -176,8 +187,10 @@ def cmd_log(args: argparse.Namespace) -> int:
     try:
         header = read_log(args.file).header if not args.json else None
         if header is not None:
-            print(f"# {args.file}: node {header.node}, schema {header.schema}, created "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(header.created))} UTC")
+            print(
+                f"# {args.file}: node {header.node}, schema {header.schema}, created "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(header.created))} UTC"
+            )
         for record in iter_records(args.file):
             d = describe_record(record)
             print(json.dumps(d) if args.json else _one_line(d), flush=False)

@@ -23,8 +23,13 @@ def _router(settings: Settings) -> Callable[..., Any]:
     catalog = ModelCatalog.from_settings(settings)
 
     def start(node: Node, address: str, **options: Any) -> Any:
-        return RouterActor.start(node, address, catalog=catalog,
-                                 data_dir=options.pop("data_dir", settings.node.data_dir), **options)
+        return RouterActor.start(
+            node,
+            address,
+            catalog=catalog,
+            data_dir=options.pop("data_dir", settings.node.data_dir),
+            **options,
+        )
 
     return start
 
@@ -56,8 +61,9 @@ def build_node(settings: Settings, *, capture: str | Path | None = None) -> Node
     reg = registry(settings.node.max_frame_bytes)
     for spec in settings.actors:
         if spec.type not in ACTOR_TYPES:
-            raise ConfigError(settings.source, f"actors.{spec.name}.type",
-                              f"one of {sorted(ACTOR_TYPES)}", spec.type)
+            raise ConfigError(
+                settings.source, f"actors.{spec.name}.type", f"one of {sorted(ACTOR_TYPES)}", spec.type
+            )
     starters = {spec.name: _Starter(ACTOR_TYPES[spec.type](settings)) for spec in settings.actors}
     writer = CaptureWriter(capture, node=settings.node.name, schema=reg.schema_hash()) if capture else None
     node = Node.from_settings(settings, registry=reg, **({"capture": writer} if writer else {}))

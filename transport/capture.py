@@ -202,9 +202,7 @@ class CaptureWriter:
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             if os.fstat(fd).st_size > 0:
-                raise CaptureError(
-                    f"{self._path}: refusing to write into an existing non-empty file"
-                )
+                raise CaptureError(f"{self._path}: refusing to write into an existing non-empty file")
         except BaseException:
             os.close(fd)
             raise
@@ -223,14 +221,12 @@ class CaptureWriter:
         self._failure: BaseException | None = None
         # None asks the thread to stop; an Event is a flush barrier, set once everything before it
         # is written; anything else is a record.
-        self._queue: queue.SimpleQueue[
-            tuple[str, str, int, tuple[bytes, ...]] | threading.Event | None
-        ] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, str, int, tuple[bytes, ...]] | threading.Event | None] = (
+            queue.SimpleQueue()
+        )
         self._waiters: list[threading.Event] = []
         self._stop_seen = False  # the writer thread's own: close() has been queued and taken
-        self._thread = threading.Thread(
-            target=self._run, name=f"kbus-capture {self._path.name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"kbus-capture {self._path.name}", daemon=True)
         self._thread.start()
 
     @property
@@ -260,9 +256,7 @@ class CaptureWriter:
             raise ValueError(f"a record holds at most {MAX_FRAMES} frames, got {len(copied)}")
         size = sum(map(len, copied)) + 5 * len(copied) + 4 * len(actor) + _RECORD_OVERHEAD
         if size > MAX_RECORD_BYTES:
-            raise ValueError(
-                f"record of about {size} bytes exceeds MAX_RECORD_BYTES ({MAX_RECORD_BYTES})"
-            )
+            raise ValueError(f"record of about {size} bytes exceeds MAX_RECORD_BYTES ({MAX_RECORD_BYTES})")
         self._queue.put((at, actor, mono_ns, copied))
 
     def flush(self, timeout: float = 5.0) -> None:
@@ -351,9 +345,7 @@ class CaptureWriter:
                 waiter.set()
             self._waiters.clear()
 
-    def _encode(
-        self, item: tuple[str, str, int, tuple[bytes, ...]], batch: list[bytes | memoryview]
-    ) -> int:
+    def _encode(self, item: tuple[str, str, int, tuple[bytes, ...]], batch: list[bytes | memoryview]) -> int:
         at, actor, mono_ns, frames = item
         body = self._packer.pack(
             {"n": self._next_n, "at": at, "actor": actor, "mono_ns": mono_ns, "frames": frames}
@@ -444,14 +436,11 @@ class _Scanner:
             return _End(self._fh.tell() - start)
         except msgpack.BufferFull as exc:
             raise CaptureError(
-                f"{self._path}: {what} at offset {start}: "
-                f"larger than max_record_bytes ({self._limit})"
+                f"{self._path}: {what} at offset {start}: larger than max_record_bytes ({self._limit})"
             ) from exc
         except (ValueError, msgpack.UnpackException) as exc:
             reason = str(exc) or type(exc).__name__
-            raise CaptureError(
-                f"{self._path}: {what} at offset {start}: malformed: {reason}"
-            ) from exc
+            raise CaptureError(f"{self._path}: {what} at offset {start}: malformed: {reason}") from exc
         self.offset = self._unpacker.tell()
         return obj
 
@@ -463,8 +452,7 @@ class _Scanner:
             raise CaptureError(f"{self._path}: not a buslog: the file ends inside its header")
         if not isinstance(obj, dict):
             raise CaptureError(
-                f"{self._path}: not a buslog: "
-                f"starts with a msgpack {type(obj).__name__}, not a header map"
+                f"{self._path}: not a buslog: starts with a msgpack {type(obj).__name__}, not a header map"
             )
         if obj.get("format") != FORMAT:
             raise CaptureError(f"{self._path}: not a buslog: format is {obj.get('format')!r}")
@@ -476,15 +464,11 @@ class _Scanner:
         _check_keys(obj, _HEADER_KEYS, f"{self._path}: bad header")
         created, node, schema, seed = obj["created"], obj["node"], obj["schema"], obj["seed"]
         if not isinstance(created, float):
-            raise CaptureError(
-                f"{self._path}: bad header: created must be a float, not {created!r}"
-            )
+            raise CaptureError(f"{self._path}: bad header: created must be a float, not {created!r}")
         if not isinstance(node, str) or not isinstance(schema, str):
             raise CaptureError(f"{self._path}: bad header: node and schema must be str")
         if seed is not None and not _is_int(seed):
-            raise CaptureError(
-                f"{self._path}: bad header: seed must be an int or nil, not {seed!r}"
-            )
+            raise CaptureError(f"{self._path}: bad header: seed must be an int or nil, not {seed!r}")
         return LogHeader(FORMAT, VERSION, created, node, schema, seed)
 
     def records(self) -> Iterator[Record]:
@@ -532,17 +516,11 @@ def _to_record(obj: object, where: str) -> Record:
 
 
 def _describe_torn(torn: TornTail) -> str:
-    after = (
-        "before any whole record"
-        if torn.after_record is None
-        else f"after record n={torn.after_record}"
-    )
+    after = "before any whole record" if torn.after_record is None else f"after record n={torn.after_record}"
     return f"torn tail: {torn.size} bytes at offset {torn.offset}, {after}, are not a whole record"
 
 
-def read_log(
-    path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES
-) -> CaptureLog:
+def read_log(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES) -> CaptureLog:
     """Read a whole buslog.
 
     A torn tail is reported in ``torn``, not raised; anything else that is not a well-formed
@@ -569,9 +547,7 @@ def iter_records(
             raise CaptureError(f"{name}: {_describe_torn(scan.torn)}")
 
 
-def verify(
-    path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES
-) -> VerifyReport:
+def verify(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES) -> VerifyReport:
     """Check a buslog without trusting it.
 
     Checks the header, consecutive ``n``, per-actor ``mono_ns`` order, the hash chain and a torn
@@ -609,8 +585,7 @@ def verify(
                 previous = last_mono.get(record.actor)
                 if previous is not None and record.mono_ns < previous:
                     problem(
-                        f"{where}: mono_ns of {record.actor} went backwards "
-                        f"({record.mono_ns} < {previous})"
+                        f"{where}: mono_ns of {record.actor} went backwards ({record.mono_ns} < {previous})"
                     )
                 last_mono[record.actor] = record.mono_ns
                 if _record_hash(prev_hash, record) != record.hash:

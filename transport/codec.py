@@ -101,7 +101,8 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from exc
     if type(raw) is not tuple or len(raw) != _HEADER_LEN:
         raise ProtocolError(f"header is not an array of {_HEADER_LEN} (got a {type(raw).__name__})")
-    for value, (name, accepted) in zip(raw, _HEADER_SLOTS):  # `type(v) in`: a bool never passes as an int
+    # `type(v) in`: a bool never passes as an int. The lengths were checked just above.
+    for value, (name, accepted) in zip(raw, _HEADER_SLOTS, strict=True):
         if type(value) not in accepted:
             raise ProtocolError(f"header {name!r} is a {type(value).__name__}")
     h = Header._make(raw)
@@ -111,8 +112,10 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
         raise ProtocolError(f"unsupported header format version {h.v!r}")
     if h.flow not in FLOWS:
         raise ProtocolError(f"unknown flow {h.flow!r}")
-    if len(h.id) != 16 or (h.corr is not None and len(h.corr) != 16) or (
-        h.cause is not None and len(h.cause) != 16
+    if (
+        len(h.id) != 16
+        or (h.corr is not None and len(h.corr) != 16)
+        or (h.cause is not None and len(h.cause) != 16)
     ):
         raise ProtocolError("message ids are 16 bytes")
     if not is_address(h.src) or not is_address(h.dst):
@@ -289,7 +292,7 @@ class Registry:
             for f in fields
         )
 
-    def _converter(self, hint: Any) -> Converter:  # noqa: C901 - one row per supported type form
+    def _converter(self, hint: Any) -> Converter:
         origin = get_origin(hint)
         if origin is Annotated:
             if "kbus.json" in hint.__metadata__:
@@ -371,11 +374,7 @@ class Registry:
         from transport.messages import ErrorReply
 
         cause_exc = exc.__cause__
-        cause = (
-            self.error_reply(cause_exc, depth=depth + 1)
-            if cause_exc is not None and depth < 4
-            else None
-        )
+        cause = self.error_reply(cause_exc, depth=depth + 1) if cause_exc is not None and depth < 4 else None
         if isinstance(exc, BusError):
             wire = exc.WIRE if type(exc) in self.errors else RemoteError.WIRE
             fields = exc.wire_fields()

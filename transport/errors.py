@@ -89,7 +89,7 @@ class Expired(BusError):
 
 
 class HandlerError(BusError):
-    """The far side's handler raised a non-bus exception; ``exc_type`` names it (a bug, reported, not hidden)."""
+    """The far side's handler raised a non-bus exception, named by ``exc_type``: a bug, reported."""
 
     WIRE = "handler"
 

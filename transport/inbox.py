@@ -110,8 +110,9 @@ class SocketInbox:
             self._curve = curve
             self.endpoints = tuple(bound)
         except (zmq.ZMQError, OSError, ValueError) as exc:
-            log.warning("%s/%s: no direct socket (%s); reachable through the node only",
-                        node.name, self._actor, exc)
+            log.warning(
+                "%s/%s: no direct socket (%s); reachable through the node only", node.name, self._actor, exc
+            )
             if sock is not None:
                 sock.close(0)
             return
@@ -165,7 +166,9 @@ class SocketInbox:
             # A peer that took this socket for another actor's: tell it, rather than let it wait out its
             # deadline.
             node.stats.incr("misrouted")
-            node._fail_send(header, NotDelivered(f"{header.dst} is not served here"), ("self", parts[0], self))
+            node._fail_send(
+                header, NotDelivered(f"{header.dst} is not served here"), ("self", parts[0], self)
+            )
             return None
         return Envelope(Inbound(header, parts[3], ("self", parts[0], self)))
 

@@ -108,4 +108,15 @@ class Hold:
 
 
 SYSTEM_MESSAGES: tuple[type[Any], ...] = (
-    Ping, Pong, Ok, Hello, Resolve, Resolved, ErrorReply, Echo, EchoStream, Fail, Hold)
+    Ping,
+    Pong,
+    Ok,
+    Hello,
+    Resolve,
+    Resolved,
+    ErrorReply,
+    Echo,
+    EchoStream,
+    Fail,
+    Hold,
+)

@@ -24,7 +24,6 @@ import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -390,8 +389,15 @@ class Node:
             try:
                 # A direct socket that does not answer the handshake quickly is stale (its actor moved or
                 # stopped): fall back to the node, which routes to the actor wherever it now is.
-                yield from self._call_on(channel, dst, message, flow, deadline, fields,
-                                         connect_by=min(deadline, self.monotonic() + 1.0))
+                yield from self._call_on(
+                    channel,
+                    dst,
+                    message,
+                    flow,
+                    deadline,
+                    fields,
+                    connect_by=min(deadline, self.monotonic() + 1.0),
+                )
                 return
             except NotDelivered:
                 self._tls.direct.pop(dst, None)
@@ -438,7 +444,12 @@ class Node:
             if channel is not None:
                 channel.close()
             channel = Channel(
-                self.context, peer, self.options, self.security, self.registry, self.monotonic,
+                self.context,
+                peer,
+                self.options,
+                self.security,
+                self.registry,
+                self.monotonic,
                 self.stats.incr,
             )
             channel.on_tell = self._client_tell_error
@@ -456,8 +467,14 @@ class Node:
             return cache[dst]
         try:
             answer: Any = None
-            for answer in self._call_on(self._channel(peer), f"{peer.name}/node",
-                                        Resolve(actor=dst.partition("/")[2]), "ask", deadline, {}):
+            for answer in self._call_on(  # noqa: B007 - the last reply is the answer
+                self._channel(peer),
+                f"{peer.name}/node",
+                Resolve(actor=dst.partition("/")[2]),
+                "ask",
+                deadline,
+                {},
+            ):
                 pass
         except BusError:
             return None  # not cached: the node path works, and the next call asks again
@@ -637,7 +654,7 @@ class Node:
             return
         try:
             ref.tell(Inbound(header, body, route))
-        except Exception:  # pykka.ActorDeadError: it stopped between lookup and tell
+        except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
             self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
 
@@ -669,8 +686,13 @@ class Node:
             allowed = auth[5:] if auth.startswith("peer:") else self.security.node_for_key(auth)
             if allowed != node_of(header.src):
                 self.stats.incr("spoofed")
-                log.warning("node %s: dropped %s claiming src %s from key of %s",
-                            self.name, header.kind, header.src, allowed)
+                log.warning(
+                    "node %s: dropped %s claiming src %s from key of %s",
+                    self.name,
+                    header.kind,
+                    header.src,
+                    allowed,
+                )
                 return None
             header = header.with_auth(auth)
         elif header.auth is not None:
@@ -719,8 +741,11 @@ class Node:
                 self.stats.incr("dropped_error_reports")  # never answer an error with an error
                 return
             reply = self.header(
-                ErrorReply.TAG, f"{self.name}/node", header.src,
-                "reply" if header.is_request else "tell", corr=header.id,
+                ErrorReply.TAG,
+                f"{self.name}/node",
+                header.src,
+                "reply" if header.is_request else "tell",
+                corr=header.id,
             )
             self.send(reply, self.registry.encode(self.registry.error_reply(error)), route=route)
         else:
@@ -762,10 +787,9 @@ class _IoThread(threading.Thread):
         weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
 
     def wake(self) -> None:
-        try:
+        # A full pipe means wake-ups are pending already: the thread is awake anyway.
+        with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\x01")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already: the thread is awake anyway
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> None:
@@ -779,7 +803,7 @@ class _IoThread(threading.Thread):
                 endpoints.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
             node.endpoints = tuple(endpoints)
             self.poller.register(self._wake_r, zmq.POLLIN)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
             self.failure = exc
             self._close()
             self.ready.set()
@@ -899,8 +923,9 @@ class _IoThread(threading.Thread):
             answer: Any = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
         except ProtocolError as exc:
             answer = node.registry.error_reply(exc)
-        reply = node.header(node.registry.tag_of(answer), node.directory_address, header.src, "reply",
-                            corr=header.id)
+        reply = node.header(
+            node.registry.tag_of(answer), node.directory_address, header.src, "reply", corr=header.id
+        )
         self._reply(route, [encode_header(reply), node.registry.encode(answer)], reply)
 
     # ---------------------------------------------------------------------------------- commands
@@ -916,7 +941,7 @@ class _IoThread(threading.Thread):
             fn, future = item[1], item[2]
             try:
                 future.set_result(fn())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
                 future.set_exception(exc)
 
     def _send(self, dst_node: str, frames: list[bytes], header: Header) -> None:

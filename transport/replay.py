@@ -161,8 +161,11 @@ class Replay:
                 compared += self._compare_sent(node, expected)
             leftover = next(expected, None)
             if leftover is not None:
-                raise ReplayDivergence(leftover.n, "the actor never sent this recorded message",
-                                       [_describe(self.registry, leftover)])
+                raise ReplayDivergence(
+                    leftover.n,
+                    "the actor never sent this recorded message",
+                    [_describe(self.registry, leftover)],
+                )
         finally:
             node.stop(self.timeout)
         return ReplayResult(self.actor, delivered, compared)
@@ -173,7 +176,9 @@ class Replay:
             header, body = node.sent.popleft()
             record: Record | None = next(expected, None)
             if record is None:
-                raise ReplayDivergence(None, f"the actor sent {header.kind} to {header.dst} beyond the log", [])
+                raise ReplayDivergence(
+                    None, f"the actor sent {header.kind} to {header.dst} beyond the log", []
+                )
             diff = diff_envelopes(self.registry, record.frames, [encode_header(header), body])
             if diff:
                 raise ReplayDivergence(record.n, f"{header.kind} from {header.src}", diff)
@@ -186,7 +191,9 @@ def _describe(registry: Registry, record: Record) -> str:
     return f"{header.kind} {header.src} -> {header.dst} ({header.flow})"
 
 
-def diff_envelopes(registry: Registry, expected: tuple[bytes, ...] | list[bytes], actual: list[bytes]) -> list[str]:
+def diff_envelopes(
+    registry: Registry, expected: tuple[bytes, ...] | list[bytes], actual: list[bytes]
+) -> list[str]:
     """Field-by-field differences between two recorded envelopes (header, then body)."""
     eh, ah = decode_header(expected[0]), decode_header(actual[0])
     diff = [
@@ -211,7 +218,9 @@ def _diff_values(path: str, expected: Any, actual: Any) -> list[str]:
     if isinstance(expected, dict) and isinstance(actual, dict):
         out = []
         for key in sorted(expected.keys() | actual.keys(), key=str):
-            out.extend(_diff_values(f"{path}[{key!r}]", expected.get(key, _MISSING), actual.get(key, _MISSING)))
+            out.extend(
+                _diff_values(f"{path}[{key!r}]", expected.get(key, _MISSING), actual.get(key, _MISSING))
+            )
         return out
     if expected != actual:
         return [f"{path}: expected {expected!r}, got {actual!r}"]
@@ -219,4 +228,3 @@ def _diff_values(path: str, expected: Any, actual: Any) -> list[str]:
 
 
 _MISSING = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()
-

@@ -68,7 +68,11 @@ def delivery_policy(
 ) -> Retrying:
     """Retry only ``NotDelivered`` (nothing ran); give up after ``attempts`` tries or ``max_delay`` s."""
     return _policy(
-        DELIVERY_RETRYABLE, attempts=attempts, max_delay=max_delay, sleep=sleep, initial=initial,
+        DELIVERY_RETRYABLE,
+        attempts=attempts,
+        max_delay=max_delay,
+        sleep=sleep,
+        initial=initial,
         max_wait=max_wait,
     )
 
@@ -83,7 +87,11 @@ def idempotent_policy(
 ) -> Retrying:
     """Retry ``NotDelivered``, ``Unavailable`` and ``Expired``: for requests carrying an ``idem`` key."""
     return _policy(
-        IDEMPOTENT_RETRYABLE, attempts=attempts, max_delay=max_delay, sleep=sleep, initial=initial,
+        IDEMPOTENT_RETRYABLE,
+        attempts=attempts,
+        max_delay=max_delay,
+        sleep=sleep,
+        initial=initial,
         max_wait=max_wait,
     )
 

@@ -132,7 +132,9 @@ class ZapService:
         self._providers: dict[str, _Provider] = {}
 
     @classmethod
-    def register(cls, context: zmq.Context[zmq.Socket[bytes]], domain: str, allow: Mapping[str, str]) -> _Provider:
+    def register(
+        cls, context: zmq.Context[zmq.Socket[bytes]], domain: str, allow: Mapping[str, str]
+    ) -> _Provider:
         with cls._lock:
             service = cls._by_context.get(id(context))
             if service is None or not service.running:

@@ -7,6 +7,7 @@ through the node's I/O thread (DESIGN.md §4: each hop costs ~15 µs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -194,10 +195,8 @@ class Channel:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 self.sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
             self.monitor.close(0)
             self.sock.close(0)
 

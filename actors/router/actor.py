@@ -63,9 +63,11 @@ from actors.router.providers.base import (
     TextDelta,
     ToolCallRequested,
     ToolSpec,
-    TurnCancelled as ProviderTurnCancelled,
     TurnRequest,
     UsageUpdate,
+)
+from actors.router.providers.base import (
+    TurnCancelled as ProviderTurnCancelled,
 )
 from actors.types import (
     CALL_KTOOL,
@@ -267,7 +269,9 @@ class RouterActor(BusActor):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     turn.io.cancel()
-                    self._fail(turn, "timed_out", TurnTimedOut, f"no completion within {turn.spec.timeout_s}s")
+                    self._fail(
+                        turn, "timed_out", TurnTimedOut, f"no completion within {turn.spec.timeout_s}s"
+                    )
             case _:
                 return super().on_local(message)
         return None
@@ -278,8 +282,15 @@ class RouterActor(BusActor):
         provider = self._provider(provider_entry)
         op = self._new_op()
         io = _WorkerIO(self.actor_ref, op)
-        turn = _Turn(op, spec.parent_operation_id, spec, resolved, io, self._clock_ms(),
-                     prices=getattr(entry, "prices", None))
+        turn = _Turn(
+            op,
+            spec.parent_operation_id,
+            spec,
+            resolved,
+            io,
+            self._clock_ms(),
+            prices=getattr(entry, "prices", None),
+        )
         self._turns[op] = turn
         self._children[spec.parent_operation_id].add(op)
         request = TurnRequest(
@@ -295,7 +306,7 @@ class RouterActor(BusActor):
         def work() -> None:
             try:
                 outcome = provider.run_turn(request, io)
-            except BaseException as exc:  # reported to the Router, which decides the receipt
+            except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
                 ref.tell(_Finished(op, None, exc))
             else:
                 ref.tell(_Finished(op, outcome, None))
@@ -322,8 +333,12 @@ class RouterActor(BusActor):
         try:
             rows = json.loads(continuation.token.decode("utf-8"))
             return [
-                ChatMessage(r["role"], r["content"],
-                            tuple(NativeToolCall(*c) for c in r.get("calls", ())), r.get("call_id"))
+                ChatMessage(
+                    r["role"],
+                    r["content"],
+                    tuple(NativeToolCall(*c) for c in r.get("calls", ())),
+                    r.get("call_id"),
+                )
                 for r in rows
             ]
         except (ValueError, KeyError, TypeError) as exc:
@@ -364,8 +379,15 @@ class RouterActor(BusActor):
             usage = outcome.usage or turn.usage
             turn.usage = usage
             receipt = self._settle(turn, "completed", None)
-            self._queue(turn, TurnCompleted(answer=outcome.answer, usage=usage, receipt=receipt,
-                                            continuation=self._continuation(turn, outcome)))
+            self._queue(
+                turn,
+                TurnCompleted(
+                    answer=outcome.answer,
+                    usage=usage,
+                    receipt=receipt,
+                    continuation=self._continuation(turn, outcome),
+                ),
+            )
             return
         from actors.router.providers.scripted import StreamClosed
 
@@ -373,10 +395,16 @@ class RouterActor(BusActor):
             self._queue(turn, TurnClosed())  # no receipt yet: finish_unavailable accounts for it (SI-09)
             return
         if isinstance(error, ProviderError):
-            status: ReceiptStatus = {"unavailable": "unavailable", "cancelled": "interrupted",
-                                     "timed_out": "timed_out"}.get(error.kind, "failed")  # type: ignore[assignment]
-            cls = {"unavailable": ProviderUnavailable, "cancelled": TurnCancelled,
-                   "timed_out": TurnTimedOut}.get(error.kind, ProviderFailed)
+            status: ReceiptStatus = {
+                "unavailable": "unavailable",
+                "cancelled": "interrupted",
+                "timed_out": "timed_out",
+            }.get(error.kind, "failed")  # type: ignore[assignment]
+            cls = {
+                "unavailable": ProviderUnavailable,
+                "cancelled": TurnCancelled,
+                "timed_out": TurnTimedOut,
+            }.get(error.kind, ProviderFailed)
             self._fail(turn, status, cls, error.message, cause=error.__cause__ or error)
         else:
             log.error("provider for %s raised %r", turn.operation_id, error, exc_info=error)
@@ -385,13 +413,22 @@ class RouterActor(BusActor):
     def _continuation(self, turn: _Turn, outcome: ProviderOutcome) -> AgentContinuation | None:
         if turn.spec.ephemeral:
             return None
-        rows = [{"role": m.role, "content": m.content} for m in self._messages(turn.spec) if m.role != "system"]
+        rows = [
+            {"role": m.role, "content": m.content} for m in self._messages(turn.spec) if m.role != "system"
+        ]
         rows.append({"role": "assistant", "content": outcome.answer})
-        return AgentContinuation(provider=turn.model.provider, model=turn.model.model,
-                                 token=json.dumps(rows).encode("utf-8"))
+        return AgentContinuation(
+            provider=turn.model.provider, model=turn.model.model, token=json.dumps(rows).encode("utf-8")
+        )
 
-    def _fail(self, turn: _Turn, status: ReceiptStatus, cls: type[RouterError], message: str,
-              cause: BaseException | None = None) -> None:
+    def _fail(
+        self,
+        turn: _Turn,
+        status: ReceiptStatus,
+        cls: type[RouterError],
+        message: str,
+        cause: BaseException | None = None,
+    ) -> None:
         receipt = self._settle(turn, status, message)
         error = cls(message, receipt=receipt, kind=status)
         if cause is not None:
@@ -536,22 +573,38 @@ def parse_tool_call(call: NativeToolCall) -> TurnToolCall:
     """The Router's half of strict parsing: the native tool must be call_ktool with a JSON-object
     argument; anything else is a bounded ToolCallError carrying the exact native call id."""
     if call.name != CALL_KTOOL:
-        return TurnToolCall(call_id=call.call_id, name=call.name,
-                            error=ToolCallError(kind=ToolCallErrorKind.UNKNOWN_FUNCTION,
-                                                detail=f"unknown function {call.name[:60]!r}"))
+        return TurnToolCall(
+            call_id=call.call_id,
+            name=call.name,
+            error=ToolCallError(
+                kind=ToolCallErrorKind.UNKNOWN_FUNCTION, detail=f"unknown function {call.name[:60]!r}"
+            ),
+        )
     try:
         arguments = json.loads(call.arguments)
     except ValueError as exc:
-        return TurnToolCall(call_id=call.call_id, name=call.name,
-                            error=ToolCallError(kind=ToolCallErrorKind.INVALID_JSON, detail=str(exc)[:120]))
+        return TurnToolCall(
+            call_id=call.call_id,
+            name=call.name,
+            error=ToolCallError(kind=ToolCallErrorKind.INVALID_JSON, detail=str(exc)[:120]),
+        )
     if not isinstance(arguments, dict):
-        return TurnToolCall(call_id=call.call_id, name=call.name,
-                            error=ToolCallError(kind=ToolCallErrorKind.NOT_OBJECT,
-                                                detail=f"arguments are a {type(arguments).__name__}"))
+        return TurnToolCall(
+            call_id=call.call_id,
+            name=call.name,
+            error=ToolCallError(
+                kind=ToolCallErrorKind.NOT_OBJECT, detail=f"arguments are a {type(arguments).__name__}"
+            ),
+        )
     if not _fits_the_wire(arguments, 0):
-        return TurnToolCall(call_id=call.call_id, name=call.name,
-                            error=ToolCallError(kind=ToolCallErrorKind.INVALID_ARGUMENTS,
-                                                detail="arguments nest too deep or hold an integer beyond 64 bits"))
+        return TurnToolCall(
+            call_id=call.call_id,
+            name=call.name,
+            error=ToolCallError(
+                kind=ToolCallErrorKind.INVALID_ARGUMENTS,
+                detail="arguments nest too deep or hold an integer beyond 64 bits",
+            ),
+        )
     return TurnToolCall(call_id=call.call_id, name=call.name, arguments=arguments)
 
 
@@ -573,6 +626,5 @@ def _fits_the_wire(value: Any, depth: int) -> bool:
 def _tell_quietly(ref: Any, message: Any) -> None:
     try:
         ref.tell(message)
-    except Exception:  # the Router stopped: nothing left to time out
+    except Exception:  # noqa: BLE001 - the Router stopped: nothing left to time out
         log.debug("router gone before %r", message)
-

@@ -43,7 +43,9 @@ class RouterClient:
         return self.node.request(self.address, ResolveModel(requested=requested), timeout=self._t(timeout))  # type: ignore[no-any-return]
 
     def resolve_model_future(self, requested: str, *, timeout: float | None = None) -> BusFuture:
-        return self.node.request_future(self.address, ResolveModel(requested=requested), timeout=self._t(timeout))
+        return self.node.request_future(
+            self.address, ResolveModel(requested=requested), timeout=self._t(timeout)
+        )
 
     def start_turn(self, spec: StartTurn, *, timeout: float | None = None) -> TurnStarted:
         return self.node.request(self.address, spec, timeout=self._t(timeout))  # type: ignore[no-any-return]
@@ -57,21 +59,31 @@ class RouterClient:
         )
 
     def next_event_future(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> BusFuture:
-        return self.node.request_future(self.address, NextTurnEvent(operation_id=operation_id), timeout=self._t(timeout))
+        return self.node.request_future(
+            self.address, NextTurnEvent(operation_id=operation_id), timeout=self._t(timeout)
+        )
 
     def events(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> Iterator[TurnEvent]:
         """Every remaining event of the turn as it happens, ending with its terminal event (one request)."""
-        yield from self.node.stream(self.address, StreamTurnEvents(operation_id=operation_id), timeout=self._t(timeout))
+        yield from self.node.stream(
+            self.address, StreamTurnEvents(operation_id=operation_id), timeout=self._t(timeout)
+        )
 
-    def respond(self, operation_id: uuid.UUID, call_id: str, result: ToolResult, *,
-                timeout: float | None = None) -> None:
-        self.node.request(self.address, RespondCall(operation_id=operation_id, call_id=call_id, result=result),
-                          timeout=self._t(timeout))
+    def respond(
+        self, operation_id: uuid.UUID, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> None:
+        self.node.request(
+            self.address,
+            RespondCall(operation_id=operation_id, call_id=call_id, result=result),
+            timeout=self._t(timeout),
+        )
 
-    def respond_future(self, operation_id: uuid.UUID, call_id: str, result: ToolResult, *,
-                       timeout: float | None = None) -> BusFuture:
+    def respond_future(
+        self, operation_id: uuid.UUID, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> BusFuture:
         return self.node.request_future(
-            self.address, RespondCall(operation_id=operation_id, call_id=call_id, result=result),
+            self.address,
+            RespondCall(operation_id=operation_id, call_id=call_id, result=result),
             timeout=self._t(timeout),
         )
 
@@ -80,15 +92,23 @@ class RouterClient:
             self.address, FinishUnavailable(operation_id=operation_id), timeout=self._t(timeout)
         )
 
-    def finish_unavailable_future(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> BusFuture:
-        return self.node.request_future(self.address, FinishUnavailable(operation_id=operation_id), timeout=self._t(timeout))
+    def finish_unavailable_future(
+        self, operation_id: uuid.UUID, *, timeout: float | None = None
+    ) -> BusFuture:
+        return self.node.request_future(
+            self.address, FinishUnavailable(operation_id=operation_id), timeout=self._t(timeout)
+        )
 
     def cancel(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> tuple[uuid.UUID, ...]:
-        reply: Any = self.node.request(self.address, CancelOperation(operation_id=operation_id), timeout=self._t(timeout))
+        reply: Any = self.node.request(
+            self.address, CancelOperation(operation_id=operation_id), timeout=self._t(timeout)
+        )
         return tuple(reply.operation_ids)
 
     def cancel_future(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> BusFuture:
-        return self.node.request_future(self.address, CancelOperation(operation_id=operation_id), timeout=self._t(timeout))
+        return self.node.request_future(
+            self.address, CancelOperation(operation_id=operation_id), timeout=self._t(timeout)
+        )
 
     def receipt(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> UsageReceipt:
         return self.node.request(  # type: ignore[no-any-return]

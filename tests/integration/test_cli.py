@@ -33,7 +33,10 @@ def run_node() -> Iterator[Callable[..., tuple[subprocess.Popen[str], str]]]:
     def start(config: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
         proc = subprocess.Popen(
             [*KBUS, "node", "--config", str(config), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         procs.append(proc)
         lines: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -59,14 +62,17 @@ def write_config(path: Path, text: str) -> Path:
 
 
 def test_node_ping_and_clean_shutdown_over_ipc(ipc_dir: Path, run_node: Callable[..., Any]) -> None:
-    config = write_config(ipc_dir / "n1.toml", """
+    config = write_config(
+        ipc_dir / "n1.toml",
+        """
 [node]
 name = "n1"
 bind = ["ipc://n1.sock"]
 capture = "n1.buslog"
 [actors.echo]
 type = "echo"
-""")
+""",
+    )
     node, _ = run_node(config)
     ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "3")
     assert ping.returncode == 0, ping.stderr
@@ -105,7 +111,9 @@ def test_ping_over_tcp_with_curve_and_a_refused_key(ipc_dir: Path, run_node: Cal
         made = kbus("keys", name, "--dir", str(keys))
         assert made.returncode == 0, made.stderr
     cli_public = next(line for line in kbus_public(keys / "cli.key").splitlines())
-    config = write_config(ipc_dir / "n1.toml", f"""
+    config = write_config(
+        ipc_dir / "n1.toml",
+        f"""
 [node]
 name = "n1"
 bind = ["tcp://127.0.0.1:0"]
@@ -114,15 +122,38 @@ secret_key_file = "keys/n1.key_secret"
 allow = [{{ node = "cli", public_key = "{cli_public}" }}]
 [actors.echo]
 type = "echo"
-""")
+""",
+    )
     _, line = run_node(config)
     port = int(line.split("listening on ")[1].split(";")[0].rpartition(":")[2])
-    ok = kbus("ping", f"tcp://127.0.0.1:{port}", "--node", "n1", "--count", "2",
-              "--server-key", str(keys / "n1.key"), "--key", str(keys / "cli.key_secret"))
+    ok = kbus(
+        "ping",
+        f"tcp://127.0.0.1:{port}",
+        "--node",
+        "n1",
+        "--count",
+        "2",
+        "--server-key",
+        str(keys / "n1.key"),
+        "--key",
+        str(keys / "cli.key_secret"),
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.count("pong from n1/echo") == 2
-    refused = kbus("ping", f"tcp://127.0.0.1:{port}", "--node", "n1", "--count", "1", "--timeout", "3",
-                   "--server-key", str(keys / "n1.key"), "--key", str(keys / "stranger.key_secret"))
+    refused = kbus(
+        "ping",
+        f"tcp://127.0.0.1:{port}",
+        "--node",
+        "n1",
+        "--count",
+        "1",
+        "--timeout",
+        "3",
+        "--server-key",
+        str(keys / "n1.key"),
+        "--key",
+        str(keys / "stranger.key_secret"),
+    )
     assert refused.returncode == 1
     assert "NotDelivered" in refused.stdout
     assert "0 answered" in refused.stdout

@@ -48,7 +48,10 @@ def router_process() -> Iterator[Callable[[Path], str]]:
     def start(config: Path) -> str:
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         procs.append(proc)
         lines: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -73,8 +76,15 @@ def router_process() -> Iterator[Callable[[Path], str]]:
 
 
 def run_tool_turn(client: RouterClient) -> Any:
-    op = client.start_turn(StartTurn(user_id="u1", parent_operation_id=uuid.uuid4(), model="scripted",
-                                     input="what is 6*7?", tool_description="tools: calc")).operation_id
+    op = client.start_turn(
+        StartTurn(
+            user_id="u1",
+            parent_operation_id=uuid.uuid4(),
+            model="scripted",
+            input="what is 6*7?",
+            tool_description="tools: calc",
+        )
+    ).operation_id
     event: Any = None
     while not isinstance(event, TurnToolCall):
         event = client.next_event(op)
@@ -91,11 +101,14 @@ def run_tool_turn(client: RouterClient) -> Any:
     return done
 
 
-def test_router_in_another_process_over_ipc(ipc_dir: Path, router_process: Callable[[Path], str],
-                                            make_node: Callable[..., Node]) -> None:
+def test_router_in_another_process_over_ipc(
+    ipc_dir: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+) -> None:
     config = ipc_dir / "router.toml"
-    config.write_text('[node]\nname = "brain"\nbind = ["ipc://brain.sock"]\ndata_dir = "data"\n'
-                      '[actors.router]\ntype = "router"\n' + SCRIPTS)
+    config.write_text(
+        '[node]\nname = "brain"\nbind = ["ipc://brain.sock"]\ndata_dir = "data"\n'
+        '[actors.router]\ntype = "router"\n' + SCRIPTS
+    )
     router_process(config)
     client_node = make_node("app", registry=registry(), peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock")])
     done = run_tool_turn(RouterClient(client_node, "brain/router", timeout=20))
@@ -103,8 +116,9 @@ def test_router_in_another_process_over_ipc(ipc_dir: Path, router_process: Calla
     assert done.usage is not None and done.usage.total_tokens == 18
 
 
-def test_router_in_another_process_over_tcp_with_curve(tmp_path: Path, router_process: Callable[[Path], str],
-                                                       make_node: Callable[..., Node]) -> None:
+def test_router_in_another_process_over_tcp_with_curve(
+    tmp_path: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+) -> None:
     keys = tmp_path / "keys"
     _, server_secret = create_keys(keys, "brain")
     _, client_secret = create_keys(keys, "app")

@@ -55,8 +55,9 @@ def main() -> int:
 
     name, endpoint, *key = args.server.split("=", 2)
     keys = KeyPair.load(args.secret_key_file) if args.secret_key_file else None
-    node = Node(args.name, peers=[Peer(name, endpoint, key[0] if key else None)],
-                security=Security(keys=keys))
+    node = Node(
+        args.name, peers=[Peer(name, endpoint, key[0] if key else None)], security=Security(keys=keys)
+    )
     node.start()
     try:
         result = run(node, name, args)

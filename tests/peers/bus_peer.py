@@ -125,12 +125,16 @@ def main() -> int:
     if args.stats_actor:
         node.spawn(StatsActor, "stats")
     with _stdout_lock:
-        print("READY " + json.dumps({"endpoints": list(node.endpoints),
-                                     "public_key": keys.public if keys else None}), flush=True)
+        print(
+            "READY "
+            + json.dumps({"endpoints": list(node.endpoints), "public_key": keys.public if keys else None}),
+            flush=True,
+        )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     if args.stdin_lifeline:
+
         def lifeline() -> None:
             sys.stdin.read()  # returns when the test process (our stdin's writer) goes away
             done.set()

@@ -112,7 +112,8 @@ class ScriptedProvider:
                 self._sleep(float(step["delay"]))
             elif "fail" in step:
                 raise ProviderError(
-                    str(step["fail"]), str(step.get("message", "scripted failure")),
+                    str(step["fail"]),
+                    str(step.get("message", "scripted failure")),
                     started=produced or bool(step.get("after_output")),
                 ) from ConnectionResetError(str(step.get("message", "scripted failure")))
             elif step.get("hang"):

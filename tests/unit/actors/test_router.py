@@ -43,15 +43,23 @@ def provider() -> ScriptedProvider:
 
 
 @pytest.fixture
-def router(make_node: Callable[..., Node], provider: ScriptedProvider, tmp_path: Path) -> Iterator[RouterClient]:
+def router(
+    make_node: Callable[..., Node], provider: ScriptedProvider, tmp_path: Path
+) -> Iterator[RouterClient]:
     node = make_node("n1", registry=registry())
     node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
     yield RouterClient(node, "n1/router", timeout=10)
 
 
 def start(router: RouterClient, **fields: Any) -> uuid.UUID:
-    spec = StartTurn(user_id="u1", parent_operation_id=fields.pop("parent", PARENT), model="scripted",
-                     input="hello", tool_description="run a tool", **fields)
+    spec = StartTurn(
+        user_id="u1",
+        parent_operation_id=fields.pop("parent", PARENT),
+        model="scripted",
+        input="hello",
+        tool_description="run a tool",
+        **fields,
+    )
     return router.start_turn(spec).operation_id
 
 
@@ -82,10 +90,15 @@ def test_resolve_model_by_id_and_alias_and_unknown_lists_known(router: RouterCli
     assert "scripted" in err.value.known and "smollm2" in err.value.known
 
 
-def test_a_turn_streams_events_and_ends_with_one_receipt(router: RouterClient, provider: ScriptedProvider,
-                                                           tmp_path: Path) -> None:
-    provider.add([{"text": "Hello there", "chunks": 3}, {"usage": {"input_tokens": 7, "output_tokens": 3,
-                                                                    "total_tokens": 10}}])
+def test_a_turn_streams_events_and_ends_with_one_receipt(
+    router: RouterClient, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    provider.add(
+        [
+            {"text": "Hello there", "chunks": 3},
+            {"usage": {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}},
+        ]
+    )
     op = start(router, round=1)
     events = drain(router, op)
     assert isinstance(events[0], TurnInput)
@@ -107,8 +120,9 @@ def test_a_turn_streams_events_and_ends_with_one_receipt(router: RouterClient, p
     assert err.value.receipt == receipt
 
 
-def test_the_provider_sees_one_call_ktool_tool_and_the_input_verbatim(router: RouterClient,
-                                                                      provider: ScriptedProvider) -> None:
+def test_the_provider_sees_one_call_ktool_tool_and_the_input_verbatim(
+    router: RouterClient, provider: ScriptedProvider
+) -> None:
     """RT-04 / SI-03: exactly one native tool; the input is sent as given."""
     provider.add([{"text": "ok"}])
     op = start(router, instructions="be brief")
@@ -119,7 +133,9 @@ def test_the_provider_sees_one_call_ktool_tool_and_the_input_verbatim(router: Ro
     assert [(m.role, m.content) for m in request.messages] == [("system", "be brief"), ("user", "hello")]
 
 
-def test_tool_call_with_exact_id_then_result_then_answer(router: RouterClient, provider: ScriptedProvider) -> None:
+def test_tool_call_with_exact_id_then_result_then_answer(
+    router: RouterClient, provider: ScriptedProvider
+) -> None:
     provider.add([{"call": {"name": "calc", "arguments": {"x": 1}}, "id": "c-9"}, {"text": "it is 1"}])
     op = start(router)
     events = drain(router, op)
@@ -210,7 +226,9 @@ def test_a_stream_closed_without_completion_is_accounted_once_by_finish_unavaila
     assert ledger_count(tmp_path) == 1
 
 
-def test_a_timeout_ends_the_turn_with_a_timed_out_receipt(router: RouterClient, provider: ScriptedProvider) -> None:
+def test_a_timeout_ends_the_turn_with_a_timed_out_receipt(
+    router: RouterClient, provider: ScriptedProvider
+) -> None:
     """SI-20 at the Router: the Router enforces the turn's timeout."""
     provider.add([{"hang": True}])
     op = start(router, timeout_s=0.05)
@@ -227,8 +245,9 @@ def test_events_stream_in_one_request(router: RouterClient, provider: ScriptedPr
     assert [type(e) for e in events] == [TurnInput, *[TurnTextDelta] * 6, TurnCompleted]
 
 
-def test_a_restarted_router_still_has_the_receipt(make_node: Callable[..., Node], provider: ScriptedProvider,
-                                                  tmp_path: Path) -> None:
+def test_a_restarted_router_still_has_the_receipt(
+    make_node: Callable[..., Node], provider: ScriptedProvider, tmp_path: Path
+) -> None:
     node = make_node("n1", registry=registry())
     ref = node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
     client = RouterClient(node, "n1/router", timeout=10)

@@ -93,7 +93,8 @@ def test_replay_reproduces_the_capture_with_zero_divergence(captured: CaptureLog
 
 def _rewrite(log: CaptureLog, index: int, frames: tuple[bytes, ...]) -> CaptureLog:
     records = tuple(
-        Record(r.n, r.at, r.actor, r.mono_ns, frames if r.n == index else r.frames, r.hash) for r in log.records
+        Record(r.n, r.at, r.actor, r.mono_ns, frames if r.n == index else r.frames, r.hash)
+        for r in log.records
     )
     return CaptureLog(log.path, log.header, records, None)
 
@@ -101,17 +102,19 @@ def _rewrite(log: CaptureLog, index: int, frames: tuple[bytes, ...]) -> CaptureL
 def test_a_changed_reply_is_reported_as_the_first_divergence_with_a_field_diff(captured: CaptureLog) -> None:
     # Change what echo answered to the relay's third request: the relay's answer to its caller must differ.
     reply = next(
-        r for r in captured.records
-        if r.at == "deliver" and r.actor == "n1/relay"
-        and (h := decode_header(r.frames[0])).is_reply and h.kind == "echo"
+        r
+        for r in captured.records
+        if r.at == "deliver"
+        and r.actor == "n1/relay"
+        and (h := decode_header(r.frames[0])).is_reply
+        and h.kind == "echo"
         and REGISTRY.decode("echo", r.frames[1]).text == "hi 2"
     )
     changed = _rewrite(captured, reply.n, (reply.frames[0], REGISTRY.encode(Echo(text="bye", seq=2))))
     with pytest.raises(ReplayDivergence) as err:
         Replay(changed, "n1/relay", REGISTRY).run(RelayActor)
     expected_send = next(
-        r for r in captured.records
-        if r.at == "send" and r.actor == "n1/relay" and r.n > reply.n
+        r for r in captured.records if r.at == "send" and r.actor == "n1/relay" and r.n > reply.n
     )
     assert err.value.index == expected_send.n
     assert err.value.diff == ["body.text: expected 'HI 2', got 'BYE'"]
@@ -122,7 +125,9 @@ def test_a_missing_send_is_a_divergence(captured: CaptureLog) -> None:
     # Duplicate a recorded send: the actor will never send it twice.
     records = (*captured.records, Record(10_000, "send", "n1/relay", extra.mono_ns, extra.frames, extra.hash))
     with pytest.raises(ReplayDivergence, match="never sent"):
-        Replay(CaptureLog(captured.path, captured.header, records, None), "n1/relay", REGISTRY).run(RelayActor)
+        Replay(CaptureLog(captured.path, captured.header, records, None), "n1/relay", REGISTRY).run(
+            RelayActor
+        )
 
 
 def test_a_truncated_log_reports_its_torn_tail(captured: CaptureLog, tmp_path: Path) -> None:
@@ -144,7 +149,9 @@ def test_clock_reads_are_served_from_the_log(captured: CaptureLog) -> None:
     # Drop the clock records: the replayed actor reads the clock and must be told the log lacks it.
     records = tuple(r for r in captured.records if r.at != "clock")
     with pytest.raises(ReplayDivergence, match="clock"):
-        Replay(CaptureLog(captured.path, captured.header, records, None), "n1/relay", REGISTRY).run(RelayActor)
+        Replay(CaptureLog(captured.path, captured.header, records, None), "n1/relay", REGISTRY).run(
+            RelayActor
+        )
 
 
 def test_capture_file_is_msgpack_with_a_header_first(captured: CaptureLog) -> None:

@@ -1,4 +1,4 @@
-"""Retry policies: only known-not-delivered failures (or unknown outcomes with an idem key), always bounded."""
+"""Retry policies: only known-not-delivered failures (or unknown outcomes with an idem key), bounded."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def test_retries_are_bounded_by_total_delay() -> None:
         # Each sleep is recorded but does not pass real time; stop_after_delay reads the real clock, so
         # bound by attempts as well and check the waits grow and stay capped.
         request_with_retry(
-            node, "n/a", object(),
+            node,
+            "n/a",
+            object(),
             policy=delivery_policy(attempts=8, max_delay=10.0, sleep=slept.append, initial=0.1, max_wait=0.4),
         )
     assert len(node.calls) == 8
@@ -86,7 +88,10 @@ def test_unbounded_policies_are_refused() -> None:
 
 def test_unknown_outcomes_are_retried_only_with_an_idempotency_key() -> None:
     node = ScriptedNode(Unavailable("gone"), Expired("late"), "ok")
-    assert request_with_retry(node, "n/a", object(), policy=idempotent_policy(sleep=no_sleep), idem="op-1:r1:c1") == "ok"
+    assert (
+        request_with_retry(node, "n/a", object(), policy=idempotent_policy(sleep=no_sleep), idem="op-1:r1:c1")
+        == "ok"
+    )
     # The same idem on every attempt; the attempt number travels separately and never inside idem.
     assert [c["idem"] for c in node.calls] == ["op-1:r1:c1"] * 3
     assert [c["attempt"] for c in node.calls] == [1, 2, 3]
