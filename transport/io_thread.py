@@ -1,0 +1,323 @@
+"""The node's I/O thread: owns every bound ROUTER, every outbound DEALER and their monitors.
+
+It decodes headers (never bodies), authorises, and puts each inbound message straight into the target
+actor's mailbox; other threads hand it outbound frames through the node's outbox plus a wake-up pipe.
+It is also the node's one timer: it expires requests whose deadline passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from transport.codec import encode_header
+from transport.envelope import Header, Route, node_of
+from transport.errors import NotDelivered, ProtocolError, Unavailable
+from transport.messages import Hello, Resolve, Resolved
+from transport.security import SecurityError, user_id
+from transport.sockets import (
+    Peer,
+    Sock,
+    handshake_refusal,
+    make_dealer,
+    make_router,
+    monitor_event,
+    readable,
+    recv_frames,
+    send_frames,
+)
+
+if TYPE_CHECKING:
+    from transport.node import Node
+
+log = logging.getLogger("transport.node")
+
+
+class IoThread(threading.Thread):
+    """Owns every socket of the node; see the Node docstring."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(name=f"kbus-io-{node.name}", daemon=True)
+        self.node = node
+        self.ready = threading.Event()
+        self.failure: BaseException | None = None
+        self.poll_until = 0.0  # monotonic time the current poll may sleep until
+        self.routers: list[tuple[Sock, bool]] = []  # (socket, uses CURVE)
+        self.dealers: dict[str, tuple[Sock, Sock, Peer]] = {}  # peer -> (dealer, monitor, peer)
+        self.connected: dict[str, threading.Event] = {}
+        self.routes: dict[str, Route] = {}  # node name -> way back over an inbound connection
+        self.seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.poller = zmq.Poller()
+        self._wake_r, self._wake_w = _wake_pair()
+        # Closed only when nothing can reach this thread object any more: a wake() racing shutdown must
+        # never write into a descriptor number the process has since reused.
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
+
+    def wake(self) -> None:
+        # A full pipe means wake-ups are pending already: the thread is awake anyway.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\x01")
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self) -> None:
+        node = self.node
+        try:
+            endpoints = []
+            for endpoint in node._binds:
+                sock = make_router(node.context, endpoint, node.options, node.security, node.name)
+                self.routers.append((sock, node.security.uses_curve(endpoint)))
+                self.poller.register(sock, zmq.POLLIN)
+                endpoints.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
+            node.endpoints = tuple(endpoints)
+            self.poller.register(self._wake_r, zmq.POLLIN)
+        except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
+            self.failure = exc
+            self._close()
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            self._loop()
+        except Exception:
+            log.exception("node %s: I/O thread crashed", node.name)
+            node.pending.fail_all(Unavailable(f"node {node.name}: I/O thread crashed"))
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        for sock, _ in self.routers:
+            sock.close(0)
+        for dealer, monitor, _ in self.dealers.values():
+            with contextlib.suppress(zmq.ZMQError):
+                dealer.disable_monitor()
+            monitor.close(0)
+            dealer.close(0)
+        self.routers, self.dealers = [], {}
+
+    def _loop(self) -> None:
+        node = self.node
+        wake = self._wake_r
+        while True:
+            wait = node.pending.expire_due()
+            timeout_ms = 1000 if wait is None else max(0, min(1000, int(wait * 1000) + 1))
+            self.poll_until = node.monotonic() + timeout_ms / 1000
+            for sock, _ in self.poller.poll(timeout_ms):
+                if sock == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake, 4096)
+                elif isinstance(sock, zmq.Socket):
+                    self._readable(sock)
+            # Drain the outbox after every poll: a wake-up may have been merged with socket events.
+            while True:
+                try:
+                    item = node._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "stop":
+                    return
+                self._command(item)
+
+    def _readable(self, sock: Sock) -> None:
+        for index, (router, curve) in enumerate(self.routers):
+            if sock is router:
+                self._drain_router(index, router, curve)
+                return
+        for name, (dealer, monitor, _peer) in list(self.dealers.items()):
+            if sock is dealer:
+                self._drain_dealer(name, dealer)
+                return
+            if sock is monitor:
+                self._monitor(name, monitor)
+                return
+
+    # ----------------------------------------------------------------------------------- inbound
+    def _drain_router(self, index: int, sock: Sock, curve: bool) -> None:
+        # Up to 256 messages per wake-up: fewer polls under load, fair to the other sockets.
+        for _ in range(256):
+            # EVENTS, not recv-until-Again: raising zmq.Again costs more than the message itself.
+            if not readable(sock):
+                return
+            auth: str | None = None
+            if curve:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                try:
+                    auth = user_id(frames[-1])
+                except ProtocolError:
+                    self.node.stats.incr("unauthenticated")
+                    continue
+                parts = [f.bytes for f in frames]
+            else:
+                parts = recv_frames(sock)
+            if len(parts) != 4 or parts[1]:
+                self.node.stats.incr("malformed")
+                continue
+            self._inbound(parts[2], parts[3], ("r", index, parts[0]), auth)
+
+    def _drain_dealer(self, name: str, sock: Sock) -> None:
+        for _ in range(256):
+            if not readable(sock):
+                return
+            parts = recv_frames(sock)
+            if len(parts) != 3 or parts[0]:
+                self.node.stats.incr("malformed")
+                continue
+            # The server's key was checked by the CURVE handshake: this connection speaks for `name`.
+            self._inbound(parts[1], parts[2], ("d", name), f"peer:{name}")
+
+    def _inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
+        node = self.node
+        header = node.admit(head, auth, self.seq_seen)
+        if header is None:
+            return
+        if header.kind == Hello.TAG:
+            self.routes[node_of(header.src)] = route
+            return
+        if header.dst == node.directory_address and header.kind == Resolve.TAG:
+            self._resolve(header, body, route)
+            return
+        if node_of(header.dst) != node.name:
+            node.stats.incr("misrouted")
+            node._fail_send(header, NotDelivered(f"{header.dst} is not on node {node.name}"), route)
+            return
+        node.stats.incr("hops_to_actor")
+        node.deliver_local(header, body, route)
+
+    def _resolve(self, header: Header, body: bytes, route: Route) -> None:
+        """Answer a directory query on the I/O thread itself: no actor, no hop."""
+        node = self.node
+        try:
+            query = node.registry.decode(Resolve.TAG, body)
+            answer: Any = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+        except ProtocolError as exc:
+            answer = node.registry.error_reply(exc)
+        reply = node.header(
+            node.registry.tag_of(answer), node.directory_address, header.src, "reply", corr=header.id
+        )
+        self._reply(route, [encode_header(reply), node.registry.encode(answer)], reply)
+
+    # ---------------------------------------------------------------------------------- commands
+    def _command(self, item: tuple[Any, ...]) -> None:
+        op = item[0]
+        if op == "send":
+            self._send(item[1], item[2], item[3])
+        elif op == "reply":
+            self._reply(item[1], item[2], item[3])
+        elif op == "connect":
+            self._connect(item[1], item[2] if len(item) > 2 else None)
+        elif op == "call":
+            fn, future = item[1], item[2]
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(exc)
+
+    def _send(self, dst_node: str, frames: list[bytes], header: Header) -> None:
+        node = self.node
+        try:
+            if dst_node in self.dealers:
+                send_frames(self.dealers[dst_node][0], [b"", *frames])
+            elif (route := self.routes.get(dst_node)) is not None:
+                self._via_route(route, frames)
+            else:
+                node._fail_send(header, NotDelivered(f"no route to node {dst_node}"))
+                return
+            if header.is_request:
+                # From here a lost connection leaves the outcome unknown (fail_peer: Unavailable).
+                node.pending.mark_sent(header.id)
+        except zmq.Again:
+            node.stats.incr("not_delivered")
+            node._fail_send(header, NotDelivered(f"node {dst_node}: not connected, or its queue is full"))
+        except zmq.ZMQError as exc:
+            node.stats.incr("not_delivered")
+            node._fail_send(header, NotDelivered(f"node {dst_node}: {exc}"))
+
+    def _via_route(self, route: Route, frames: list[bytes]) -> None:
+        if route[0] == "r":
+            send_frames(self.routers[route[1]][0], [route[2], b"", *frames])
+        else:
+            send_frames(self.dealers[route[1]][0], [b"", *frames])
+
+    def _reply(self, route: Route, frames: list[bytes], header: Header) -> None:
+        try:
+            self._via_route(route, frames)
+        except (zmq.ZMQError, KeyError, IndexError):
+            # The requester is gone or not reading: its own deadline ends the request. Never block here.
+            self.node.stats.incr("dropped_replies")
+
+    def _connect(self, peer: Peer, event: threading.Event | None) -> None:
+        node = self.node
+        old = self.dealers.pop(peer.name, None)
+        if old is not None:
+            self.poller.unregister(old[0])
+            self.poller.unregister(old[1])
+            old[1].close(0)
+            old[0].close(0)
+            node.pending.fail_peer(peer.name, lambda e: Unavailable(f"connection to {peer.name} replaced"))
+        try:
+            dealer = make_dealer(node.context, peer, node.options, node.security)
+        except SecurityError:
+            log.exception("node %s: cannot connect to %s", node.name, peer.name)
+            return
+        monitor = dealer.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
+        dealer.connect(peer.endpoint)
+        self.dealers[peer.name] = (dealer, monitor, peer)
+        self.connected[peer.name] = event or threading.Event()
+        self.poller.register(dealer, zmq.POLLIN)
+        self.poller.register(monitor, zmq.POLLIN)
+        if peer.endpoint.startswith("inproc://"):
+            self._handshake_done(peer.name)  # inproc has no ZMTP handshake: its monitor never reports one
+
+    def _handshake_done(self, name: str) -> None:
+        node = self.node
+        dealer = self.dealers[name][0]
+        hello = node.header(Hello.TAG, f"{node.name}/node", f"{name}/node", "tell")
+        with contextlib.suppress(zmq.ZMQError):
+            dealer.send_multipart(
+                [b"", encode_header(hello), node.registry.encode(Hello(node=node.name))],
+                zmq.NOBLOCK,
+            )
+        self.connected[name].set()
+
+    def _monitor(self, name: str, monitor: Sock) -> None:
+        node = self.node
+        while monitor.poll(0):
+            event = monitor_event(monitor)
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshake_done(name)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected[name] = threading.Event()
+                failed = node.pending.fail_peer(
+                    name, lambda e: Unavailable(f"{name} disconnected with the request in flight")
+                )
+                node.stats.incr("peer_disconnects")
+                log.info("node %s: lost %s (%d requests in flight)", node.name, name, failed)
+            elif (why := handshake_refusal(event)) is not None:
+                node.stats.incr("handshake_failures")
+                log.warning("node %s: %s: %s", node.name, name, why)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _wake_pair() -> tuple[int, int]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
