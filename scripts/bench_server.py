@@ -31,6 +31,10 @@ import config
 import transport
 from actors.base import BusActor, Context
 from actors.echo import EchoActor
+from actors.nodes import registry
+from actors.router.actor import RouterActor
+from actors.router.providers.base import ProviderOutcome, TurnIO, TurnRequest
+from actors.router.providers.scripted import ScriptedProvider
 from transport import KeyPair, Node, Security
 from transport.messages import Echo
 
@@ -41,6 +45,24 @@ def check_one_root() -> None:
     roots = {Path(str(m.__file__)).resolve().parents[1] for m in (actors, config, transport)}
     if len(roots) != 1:
         raise SystemExit(f"actors/transport/config imported from different places: {roots}")
+
+
+class BenchScripted(ScriptedProvider):
+    """The scripted provider, its script read from the turn's input: "events=N delay=SECONDS".
+
+    Used by scripts/bench both here (through the Router) and directly in the bench process, so both
+    sides run exactly the same provider code."""
+
+    def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+        self.add(bench_script(request.messages[-1].content))
+        return super().run_turn(request, io)
+
+
+def bench_script(spec: str) -> list[dict[str, Any]]:
+    fields = dict(part.split("=", 1) for part in spec.split())
+    events, delay = int(fields["events"]), float(fields["delay"])
+    step: list[dict[str, Any]] = [{"text": "x"}] + ([{"delay": delay}] if delay > 0 else [])
+    return step * events
 
 
 class SinkActor(BusActor):
@@ -152,10 +174,12 @@ def main() -> int:
             "srv",
             bind=[f"ipc://{folder}/bus", "tcp://127.0.0.1:*"],
             security=Security(plain_insecure_for_benchmarks=True),
+            registry=registry(),
         ).start()
         nodes.append(plain)
         plain.spawn(EchoActor, "echo")
         plain.spawn(SinkActor, "sink")
+        plain.spawn(RouterActor, "router", providers={"scripted": BenchScripted()})
         curve = Node(
             "srv", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys, allow={args.allow: "bench"})
         ).start()

@@ -43,6 +43,7 @@ from actors.router.messages import (
     TurnCancelled,
     TurnClosed,
     TurnCompleted,
+    TurnEventBatch,
     TurnInput,
     TurnNotFound,
     TurnStarted,
@@ -93,6 +94,8 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
     "required": ["name", "arguments"],
 }
 
+
+_BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
 
 # Messages from worker threads to the Router's own mailbox (local only, never on the wire).
 @dataclass(frozen=True, slots=True)
@@ -442,16 +445,19 @@ class RouterActor(BusActor):
 
     def _flush(self, turn: _Turn) -> None:
         """Hand queued events to whoever waits: the stream first, else deferred next_event requests."""
-        while turn.events and (turn.stream is not None or turn.waiting):
-            event = turn.events.popleft()
-            if turn.stream is not None:
-                if isinstance(event, TERMINAL_EVENTS):
-                    turn.stream.reply(event)
-                    turn.stream = None
-                else:
-                    turn.stream.partial(event)
-            else:
-                turn.waiting.pop(0).reply(event)
+        while turn.events and turn.stream is not None:
+            batch: list[Any] = []
+            while turn.events and not isinstance(turn.events[0], TERMINAL_EVENTS) and len(batch) < _BATCH:
+                batch.append(turn.events.popleft())
+            if len(batch) == 1:
+                turn.stream.partial(batch[0])
+            elif batch:
+                turn.stream.partial(TurnEventBatch(events=tuple(batch)))
+            if turn.events and isinstance(turn.events[0], TERMINAL_EVENTS):
+                turn.stream.reply(turn.events.popleft())
+                turn.stream = None
+        while turn.events and turn.waiting:
+            turn.waiting.pop(0).reply(turn.events.popleft())
         if turn.failure is not None and not turn.events:
             for ctx in ([turn.stream] if turn.stream is not None else []) + turn.waiting:
                 ctx.fail(turn.failure)

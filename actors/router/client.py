@@ -21,6 +21,7 @@ from actors.router.messages import (
     StartTurn,
     StreamTurnEvents,
     TurnEvent,
+    TurnEventBatch,
     TurnStarted,
 )
 from actors.types import ResolvedAgentModel, ToolResult, UsageReceipt
@@ -65,9 +66,13 @@ class RouterClient:
 
     def events(self, operation_id: uuid.UUID, *, timeout: float | None = None) -> Iterator[TurnEvent]:
         """Every remaining event of the turn as it happens, ending with its terminal event (one request)."""
-        yield from self.node.stream(
+        for part in self.node.stream(
             self.address, StreamTurnEvents(operation_id=operation_id), timeout=self._t(timeout)
-        )
+        ):
+            if isinstance(part, TurnEventBatch):
+                yield from part.events
+            else:
+                yield part
 
     def respond(
         self, operation_id: uuid.UUID, call_id: str, result: ToolResult, *, timeout: float | None = None

@@ -159,6 +159,19 @@ class TurnClosed:
 TurnEvent = TurnInput | TurnTextDelta | TurnUsage | TurnToolCall | TurnCompleted | TurnClosed
 TERMINAL_EVENTS = (TurnCompleted, TurnClosed)
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnEventBatch:
+    """Several non-terminal events in one partial reply of a stream.
+
+    A provider can produce events far faster than one message each can travel (a burst of a thousand
+    tokens queued while the reader was away); sending what is queued as one part keeps the stream within
+    the socket's high-water mark, where a part that does not fit would be lost (delivery is at-most-once).
+    """
+
+    TAG: ClassVar[str] = "router.ev.batch"
+    events: tuple[TurnInput | TurnTextDelta | TurnUsage | TurnToolCall, ...]
+
 # ------------------------------------------------------------------------------------------------- errors
 
 
@@ -232,6 +245,7 @@ ROUTER_MESSAGES = (
     TurnToolCall,
     TurnCompleted,
     TurnClosed,
+    TurnEventBatch,
 )
 ROUTER_ERRORS: tuple[type[BusError], ...] = (
     RouterError,

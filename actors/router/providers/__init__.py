@@ -26,7 +26,7 @@ def build_provider(entry: Any, *, env: Mapping[str, str] | None = None) -> Provi
     if kind == "local":
         from actors.router.providers.local import LocalProvider
 
-        return LocalProvider(**options)  # type: ignore[no-any-return]
+        return LocalProvider(**options)
     if kind == "openai":
         from actors.router.providers.openai_compat import OpenAIProvider
 
@@ -34,7 +34,7 @@ def build_provider(entry: Any, *, env: Mapping[str, str] | None = None) -> Provi
         api_key = env.get(key_var) if key_var else None
         if key_var and not api_key:
             raise ProviderConfigError(f"provider {entry.name}: environment variable {key_var} is not set")
-        return OpenAIProvider(api_key=api_key or "not-needed", **options)  # type: ignore[no-any-return]
+        return OpenAIProvider(api_key=api_key or "not-needed", **options)
     raise ProviderConfigError(f"provider {entry.name}: unknown kind {kind!r}")
 
 

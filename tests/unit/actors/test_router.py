@@ -260,3 +260,13 @@ def test_a_restarted_router_still_has_the_receipt(
     assert again.receipt(op) == receipt
     assert again.finish_unavailable(op) == receipt
     assert ledger_count(tmp_path) == 1
+
+
+def test_a_burst_of_events_streams_without_loss(router: RouterClient, provider: ScriptedProvider) -> None:
+    """A provider far faster than the reader: the queued events travel in batches, none is lost."""
+    provider.add([{"text": "y"}] * 5000)
+    op = start(router)
+    events = list(router.events(op))
+    assert sum(isinstance(e, TurnTextDelta) for e in events) == 5000
+    assert isinstance(events[-1], TurnCompleted)
+    assert events[-1].answer == "y" * 5000

