@@ -10,10 +10,12 @@ import contextlib
 import itertools
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ class NetnsPair:
     b: str
     addr_a: str
     addr_b: str
+    veth_a: str = ""
 
 
 def _ip(*args: str) -> str:
@@ -64,8 +67,8 @@ def netns_pair() -> Iterator[NetnsPair]:
     if shutil.which("ip") is None:
         pytest.skip("the `ip` command (iproute2) is not installed")
     tag = f"{os.getpid()}{next(_numbers)}"
-    pair = NetnsPair(f"kb{tag}a", f"kb{tag}b", "10.200.0.1", "10.200.0.2")
     veth_a, veth_b = f"kv{tag}a", f"kv{tag}b"  # interface names: at most 15 characters
+    pair = NetnsPair(f"kb{tag}a", f"kb{tag}b", "10.200.0.1", "10.200.0.2", veth_a)
     assert len(veth_a) <= 15
     created: list[str] = []
     try:
@@ -100,7 +103,7 @@ def run_client() -> Iterator[Callable[..., dict[str, Any]]]:
         assert proc.returncode == 0, f"client exited {proc.returncode}:\n{out}\n{err}"
         results = [line for line in out.splitlines() if line.startswith("RESULT ")]
         assert results, f"client printed no RESULT line:\n{out}\n{err}"
-        result: dict[str, Any] = json.loads(results[-1][len("RESULT "):])
+        result: dict[str, Any] = json.loads(results[-1][len("RESULT ") :])
         return result
 
     yield run
@@ -111,13 +114,23 @@ def run_client() -> Iterator[Callable[..., dict[str, Any]]]:
 
 
 def _server(
-    spawn_peer: Callable[..., PeerProcess], pair: NetnsPair, make_keys: MakeKeys, allow: dict[str, KeyPair]
+    spawn_peer: Callable[..., PeerProcess],
+    pair: NetnsPair,
+    make_keys: MakeKeys,
+    allow: dict[str, KeyPair],
+    *extra: str,
 ) -> tuple[PeerProcess, str]:
     keys, secret = make_keys("srv")
     peer = spawn_peer(
-        "--name", "srv", "--bind", f"tcp://{pair.addr_a}:*", f"--secret-key-file={secret}",
+        "--name",
+        "srv",
+        "--bind",
+        f"tcp://{pair.addr_a}:*",
+        f"--secret-key-file={secret}",
         *(f"--allow={name}={kp.public}" for name, kp in allow.items()),
-        "--recorder", "rec",
+        "--recorder",
+        "rec",
+        *extra,
         netns=pair.a,
     )
     assert peer.endpoint.startswith(f"tcp://{pair.addr_a}:"), peer.endpoint
@@ -133,8 +146,18 @@ def test_ask_stream_and_tell_across_namespaces(
     client_keys, client_secret = make_keys("cli")
     _, server = _server(spawn_peer, netns_pair, make_keys, {"cli": client_keys})
     result = run_client(
-        netns_pair.b, "--name", "cli", "--server", server, f"--secret-key-file={client_secret}",
-        "--tell", "1", "--tell", "2", "--tell", "3",
+        netns_pair.b,
+        "--name",
+        "cli",
+        "--server",
+        server,
+        f"--secret-key-file={client_secret}",
+        "--tell",
+        "1",
+        "--tell",
+        "2",
+        "--tell",
+        "3",
     )
     assert result == {
         "ask": {"text": "across", "seq": 7, "payload": "0001"},
@@ -155,14 +178,71 @@ def test_unlisted_client_key_is_refused_across_namespaces(
     _, server = _server(spawn_peer, netns_pair, make_keys, {"cli": good_keys})
     # The unlisted client asks the recorder itself: had anything been delivered, it would be recorded.
     refused = run_client(
-        netns_pair.b, "--name", "cli", "--server", server, f"--secret-key-file={bad_secret}",
-        "--echo", "rec", "--tell", "99",
+        netns_pair.b,
+        "--name",
+        "cli",
+        "--server",
+        server,
+        f"--secret-key-file={bad_secret}",
+        "--echo",
+        "rec",
+        "--tell",
+        "99",
     )
     assert refused["error"] == "NotDelivered", refused
     assert "authentication" in refused["message"], refused
     assert refused["step"] == "ask"
     allowed = run_client(
-        netns_pair.b, "--name", "cli", "--server", server, f"--secret-key-file={good_secret}",
-        "--tell", "1",
+        netns_pair.b,
+        "--name",
+        "cli",
+        "--server",
+        server,
+        f"--secret-key-file={good_secret}",
+        "--tell",
+        "1",
     )
     assert allowed.get("recorded") == [1], allowed  # nothing from the refused client got in
+
+
+def test_a_host_that_drops_off_the_network_is_noticed_by_zmtp_heartbeats(
+    netns_pair: NetnsPair,
+    spawn_peer: Callable[..., PeerProcess],
+    run_client: Callable[..., dict[str, Any]],
+    make_keys: MakeKeys,
+) -> None:
+    """DESIGN.md §4: a dead host sends no FIN or RST; only heartbeats notice it. The server's link goes
+    down while it holds the client's request: the client's request ends Unavailable (outcome unknown),
+    long before its 60 s deadline would have made it Expired."""
+    client_keys, client_secret = make_keys("cli")
+    server_peer, server = _server(spawn_peer, netns_pair, make_keys, {"cli": client_keys}, "--announce-hold")
+    outcome: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
+
+    def client() -> None:
+        try:
+            outcome.put(
+                run_client(
+                    netns_pair.b,
+                    "--name",
+                    "cli",
+                    "--server",
+                    server,
+                    f"--secret-key-file={client_secret}",
+                    "--hold",
+                    "--timeout",
+                    "60",
+                    "--heartbeat-ms",
+                    "200,1000",
+                    timeout=90,
+                )
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.put(exc)
+
+    threading.Thread(target=client, daemon=True).start()
+    server_peer.expect_line("HELD", timeout=30)
+    _ip("-n", netns_pair.a, "link", "set", netns_pair.veth_a, "down")  # packets vanish: no RST, no FIN
+    result = outcome.get(timeout=90)
+    assert not isinstance(result, BaseException), result
+    assert result.get("error") == "Unavailable", result
+    assert result["step"] == "hold"

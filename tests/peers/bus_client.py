@@ -14,12 +14,20 @@ import sys
 from typing import Any
 
 from transport import BusError, KeyPair, Node, Peer, Security
-from transport.messages import Echo, EchoStream, Ping
+from transport.messages import Echo, EchoStream, Hold, Ping
+from transport.sockets import SocketOptions
 
 
 def run(node: Node, server: str, args: argparse.Namespace) -> dict[str, Any]:
     echo, rec = f"{server}/{args.echo}", f"{server}/{args.recorder}"
     timeout = args.timeout
+    if args.hold:
+        # One request the server accepts and never answers: only the connection's fate decides it.
+        try:
+            node.request(echo, Hold(note="held"), timeout=timeout)
+        except BusError as exc:
+            return {"error": type(exc).__name__, "message": str(exc), "step": "hold"}
+        return {"error": None, "step": "hold"}
     result: dict[str, Any] = {}
     step = "ask"
     try:
@@ -51,12 +59,23 @@ def main() -> int:
     ap.add_argument("--recorder", default="rec")
     ap.add_argument("--tell", type=int, action="append", default=[])
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--hold", action="store_true", help="send one Hold request and report how it ended")
+    ap.add_argument("--heartbeat-ms", help="IVL,TIMEOUT: ZMTP heartbeat interval and timeout on tcp")
     args = ap.parse_args()
 
     name, endpoint, *key = args.server.split("=", 2)
     keys = KeyPair.load(args.secret_key_file) if args.secret_key_file else None
+    options = None
+    if args.heartbeat_ms:
+        ivl, hb_timeout = (int(x) for x in args.heartbeat_ms.split(","))
+        options = SocketOptions(
+            max_message_bytes=1 << 21, heartbeat_ivl_ms=ivl, heartbeat_timeout_ms=hb_timeout
+        )
     node = Node(
-        args.name, peers=[Peer(name, endpoint, key[0] if key else None)], security=Security(keys=keys)
+        args.name,
+        peers=[Peer(name, endpoint, key[0] if key else None)],
+        security=Security(keys=keys),
+        options=options,
     )
     node.start()
     try:
