@@ -12,11 +12,11 @@ calls, receipts, timeouts and cancellation.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from actors.types import ModelContext, ResolvedAgentModel, TokenUsage, ToolResult
+from actors.types import ContextItem, ModelContext, ResolvedAgentModel, TokenUsage, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +129,37 @@ class TurnIO(Protocol):
     def wait_result(self, call_id: str) -> ToolResult:
         """Block until the Router delivers the result for ``call_id``; raises TurnCancelled."""
         ...
+
+
+def model_context(
+    request: TurnRequest,
+    messages: Sequence[ChatMessage] | None = None,
+    *,
+    reasoning_effort: str | bool | None = True,
+    continued: bool = False,
+) -> ModelContext:
+    """The normalized form of what one provider request submits (system text becomes the instructions).
+
+    ``messages`` defaults to the request's own; ``reasoning_effort=None`` for a model that has no such
+    setting (nothing was sent), otherwise the request's is reported.
+    """
+    messages = request.messages if messages is None else messages
+    items: list[ContextItem] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if m.content or not m.tool_calls:
+            items.append(ContextItem(role=m.role, text=m.content, call_id=m.tool_call_id))
+        items.extend(ContextItem(role="assistant", text=c.arguments, call_id=c.call_id) for c in m.tool_calls)
+    system = [m.content for m in messages if m.role == "system"]
+    return ModelContext(
+        model=request.model.provider_model,
+        reasoning_effort=request.reasoning_effort if reasoning_effort is True else None,
+        instructions="\n\n".join(system) if system else None,
+        items=tuple(items),
+        tools=(request.tool.name,),
+        continued=continued,
+    )
 
 
 class Provider(Protocol):

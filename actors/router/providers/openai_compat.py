@@ -11,6 +11,10 @@ Through the official ``openai`` SDK, always streaming, with the one ``call_ktool
 - usage: from the final chunk (``stream_options.include_usage``), cumulative over the turn's requests.
   A server that sends none (llama.cpp's does not) leaves the outcome's usage ``None``: none is invented.
 
+Cancellation is checked before each request, during a retry back-off and between chunks; closing the
+stream then drops the connection, which stops the server generating. (A server that stalls mid-stream
+holds the turn until the read ``timeout``, unless the Router's own timeout ends it first.)
+
 Retries (tenacity, bounded in attempts and total delay, injectable sleep): only while opening a request,
 before any of its stream has arrived, and only for a refused connection (nothing was sent), HTTP 429 and
 5xx. Once the stream has started nothing is retried: a dropped stream ends the turn.
@@ -59,8 +63,9 @@ from actors.router.providers.base import (
     TurnIO,
     TurnRequest,
     UsageUpdate,
+    model_context,
 )
-from actors.types import ContextItem, ModelContext, TokenUsage
+from actors.types import TokenUsage
 
 log = logging.getLogger(__name__)
 
@@ -95,49 +100,30 @@ def to_wire(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if m.role == "tool":
             wire.append({"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content})
         elif m.role == "assistant" and m.tool_calls:
-            wire.append({
-                "role": "assistant",
-                "content": m.content,  # a string: llama.cpp's server rejects null here
-                "tool_calls": [
-                    {
-                        "id": c.call_id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
-                    }
-                    for c in m.tool_calls
-                ],
-            })
+            wire.append(
+                {
+                    "role": "assistant",
+                    "content": m.content,  # a string: llama.cpp's server rejects null here
+                    "tool_calls": [
+                        {
+                            "id": c.call_id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in m.tool_calls
+                    ],
+                }
+            )
         else:
             wire.append({"role": m.role, "content": m.content})
     return wire
-
-
-def model_context(request: TurnRequest, messages: Sequence[ChatMessage]) -> ModelContext:
-    """The normalized form of what one request submits (system text as instructions)."""
-    items: list[ContextItem] = []
-    for m in messages:
-        if m.role == "system":
-            continue
-        if m.content or not m.tool_calls:
-            items.append(ContextItem(role=m.role, text=m.content, call_id=m.tool_call_id))
-        items.extend(ContextItem(role="assistant", text=c.arguments, call_id=c.call_id) for c in m.tool_calls)
-    system = [m.content for m in messages if m.role == "system"]
-    return ModelContext(
-        model=request.model.provider_model,
-        reasoning_effort=request.reasoning_effort,
-        instructions="\n\n".join(system) if system else None,
-        items=tuple(items),
-        tools=(request.tool.name,),
-    )
 
 
 def usage_of(usage: CompletionUsage) -> TokenUsage:
     prompt = usage.prompt_tokens or 0
     completion = usage.completion_tokens or 0
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
-    reasoning = (
-        usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else None
-    )
+    reasoning = usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details else None
     return TokenUsage(
         input_tokens=prompt,
         cached_input_tokens=cached or 0,
@@ -276,7 +262,11 @@ class OpenAIProvider:
             choice = _tool_choice(settings["tool_choice_after_call"])
 
     def _request(
-        self, turn: _Turn, request: TurnRequest, messages: Sequence[ChatMessage], choice: object,
+        self,
+        turn: _Turn,
+        request: TurnRequest,
+        messages: Sequence[ChatMessage],
+        choice: object,
         settings: Mapping[str, Any],
     ) -> _Reply:
         params: dict[str, Any] = {
@@ -314,7 +304,10 @@ class OpenAIProvider:
             exc = state.outcome.exception() if state.outcome is not None else None
             log.info(
                 "retrying %s in %.2fs after attempt %d: %s",
-                _public_url(self._base_url), state.upcoming_sleep, state.attempt_number, self._describe(exc),
+                _public_url(self._base_url),
+                state.upcoming_sleep,
+                state.attempt_number,
+                self._describe(exc),
             )
 
         retrying = Retrying(
@@ -380,7 +373,9 @@ class OpenAIProvider:
         calls = tuple(
             NativeToolCall(
                 # A server that sends no id still gets an exact one: the Router keys results by it.
-                p.call_id or f"call_{uuid.uuid4().hex}", p.name, "".join(p.arguments)
+                p.call_id or f"call_{uuid.uuid4().hex}",
+                p.name,
+                "".join(p.arguments),
             )
             for _, p in sorted(pending.items())
         )

@@ -36,8 +36,9 @@ from actors.router.providers.base import (
     TurnIO,
     TurnRequest,
     UsageUpdate,
+    model_context,
 )
-from actors.types import CALL_KTOOL, ContextItem, ModelContext, TokenUsage
+from actors.types import CALL_KTOOL, TokenUsage
 
 Step = Mapping[str, Any]
 
@@ -80,7 +81,7 @@ class ScriptedProvider:
             script = self._scripts.popleft()
         except IndexError:
             script = self._default
-        io.emit(Submitted(_context(request)))
+        io.emit(Submitted(model_context(request)))
         text: list[str] = []
         usage: TokenUsage | None = None
         produced = False
@@ -104,7 +105,7 @@ class ScriptedProvider:
                 except TurnCancelled:
                     raise ProviderError("cancelled", "turn cancelled", started=True) from None
                 text.clear()  # the answer is what follows the last tool call
-                io.emit(Submitted(_context(request, continued=True)))
+                io.emit(Submitted(model_context(request, continued=True)))
             elif "usage" in step:
                 usage = TokenUsage(**dict(step["usage"]))
                 io.emit(UsageUpdate(usage))
@@ -133,20 +134,3 @@ class ScriptedProvider:
         call = step["call"]
         arguments = json.dumps({"name": call["name"], "arguments": call.get("arguments", {})})
         return NativeToolCall(str(step.get("id", "call-1")), CALL_KTOOL, arguments)
-
-
-def _context(request: TurnRequest, *, continued: bool = False) -> ModelContext:
-    items = tuple(
-        ContextItem(role=m.role, text=m.content, call_id=m.tool_call_id)
-        for m in request.messages
-        if m.role != "system"
-    )
-    instructions = next((m.content for m in request.messages if m.role == "system"), None)
-    return ModelContext(
-        model=request.model.provider_model,
-        reasoning_effort=request.reasoning_effort,
-        instructions=instructions,
-        items=items,
-        tools=(request.tool.name,),
-        continued=continued,
-    )
