@@ -302,7 +302,7 @@ class RouterActor(BusActor):
             tool=ToolSpec(CALL_KTOOL, spec.tool_description, CALL_KTOOL_PARAMETERS),
             reasoning_effort=spec.reasoning_effort,
             max_output_tokens=spec.max_output_tokens,
-            options=dict(getattr(provider_entry, "options", {}) or {}),
+            # The provider entry's options configured its client already; per-turn overrides go here.
         )
         ref = self.actor_ref
 

@@ -8,25 +8,21 @@ standard-library HTTP server that replays canned OpenAI-shaped responses and rec
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import logging
 import os
 import queue
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 import pytest
+from peers.llama_server import API_KEY, LlamaServer, free_port, start_llama_server
 
 from actors.router.providers.base import (
     ChatMessage,
@@ -40,13 +36,11 @@ from actors.router.providers.base import (
     TurnRequest,
     UsageUpdate,
 )
-from actors.router.providers.local import default_model_path
 from actors.router.providers.openai_compat import OpenAIProvider
 from actors.types import CALL_KTOOL, AgentProvider, ResolvedAgentModel, TokenUsage, ToolResult
 
 pytestmark = pytest.mark.integration
 
-API_KEY = "sk-kbus-test-7f3a9c1e5b"  # the server's key; it must never show up in an error or a log line
 MODEL = ResolvedAgentModel(
     requested="lab",
     model="smollm2-135m",
@@ -112,97 +106,6 @@ def run(provider: OpenAIProvider, req: TurnRequest, io: RecordingTurnIO) -> Prov
         return provider.run_turn(req, io)
     except ProviderError as exc:
         return exc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# --- a real llama_cpp.server --------------------------------------------------------------------------
-
-
-@dataclass
-class LlamaServer:
-    proc: subprocess.Popen[str]
-    port: int
-    output: list[str] = field(default_factory=list)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-
-def start_llama_server(timeout: float = 90.0) -> LlamaServer:
-    port = free_port()
-    # -P: the child must not import modules from its working directory (STYLE.md 3.2).
-    cmd = [
-        sys.executable,
-        "-P",
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(default_model_path()),
-        "--chat_format",
-        "chatml-function-calling",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "2048",
-        "--api_key",
-        API_KEY,
-    ]
-    # PASSIVE: llama.cpp's OpenMP threads must not spin against the other test worker (see local.py).
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    server = LlamaServer(proc, port)
-    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-    def pump() -> None:  # drains the pipe for the server's whole life, so its logging never blocks
-        assert proc.stdout is not None
-        with contextlib.suppress(OSError, ValueError):
-            for line in proc.stdout:
-                server.output.append(line)
-                lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, name=f"llama-server-{proc.pid}", daemon=True).start()
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"llama_cpp.server not up within {timeout}s") from None
-            if line is None:
-                raise AssertionError(f"llama_cpp.server exited {proc.wait(10)}: {''.join(server.output)}")
-            if "Uvicorn running on" in line:
-                break
-        probe = urllib.request.Request(
-            f"{server.base_url}/models", headers={"Authorization": f"Bearer {API_KEY}"}
-        )
-        with urllib.request.urlopen(probe, timeout=10) as reply:
-            assert reply.status == 200
-    except BaseException:
-        server.kill()
-        raise
-    return server
 
 
 @pytest.fixture(scope="module")
