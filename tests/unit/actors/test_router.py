@@ -270,3 +270,49 @@ def test_a_burst_of_events_streams_without_loss(router: RouterClient, provider: 
     assert sum(isinstance(e, TurnTextDelta) for e in events) == 5000
     assert isinstance(events[-1], TurnCompleted)
     assert events[-1].answer == "y" * 5000
+
+
+def test_a_priced_model_has_its_cost_on_the_receipt(make_node: Callable[..., Node], tmp_path: Path) -> None:
+    from actors.router.catalog import ModelCatalog
+
+    catalog = ModelCatalog.from_mapping(
+        {
+            "providers": {"scripted": {"kind": "scripted"}},
+            "models": {
+                "paid": {
+                    "provider": "scripted",
+                    "provider_model": "paid-v1",
+                    "context_window": 1000,
+                    "max_input_tokens": 900,
+                    "input_usd_per_mtok": 2.0,
+                    "output_usd_per_mtok": 8.0,
+                    "cached_input_usd_per_mtok": 0.5,
+                }
+            },
+        }
+    )
+    provider = ScriptedProvider(
+        [
+            [
+                {"text": "ok"},
+                {
+                    "usage": {
+                        "input_tokens": 1_000_000,
+                        "cached_input_tokens": 400_000,
+                        "output_tokens": 100_000,
+                        "total_tokens": 1_100_000,
+                    }
+                },
+            ]
+        ]
+    )
+    node = make_node("n1", registry=registry())
+    node.spawn(RouterActor, "router", catalog=catalog, data_dir=tmp_path, providers={"scripted": provider})
+    client = RouterClient(node, "n1/router", timeout=10)
+    op = client.start_turn(
+        StartTurn(user_id="u", parent_operation_id=PARENT, model="paid", input="x", tool_description="t")
+    ).operation_id
+    receipt = drain(client, op)[-1].receipt
+    # 600k uncached input at $2/M + 400k cached at $0.5/M + 100k output at $8/M
+    assert receipt.cost_usd == pytest.approx(1.2 + 0.2 + 0.8)
+    assert receipt.provider_model == "paid-v1"
