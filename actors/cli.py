@@ -163,16 +163,21 @@ def describe_record(record: Any) -> dict[str, Any]:
     return out
 
 
+def _short(hex_id: str) -> str:
+    # Ids are a per-sender random prefix plus a counter (transport.envelope.IdSource): show a bit of both.
+    return f"{hex_id[:4]}..{hex_id[-6:]}"
+
+
 def _one_line(d: dict[str, Any]) -> str:
     head = f"{d['n']:>6} {d['at']:<7} {d['actor']:<24}"
     h = d.get("header")
     if h is None:
         return f"{head} {d.get('error') or json.dumps(d.get('frames'))[:120]}"
-    corr = f" re={h['corr'][:8]}" if "corr" in h else ""
+    corr = f" re={_short(h['corr'])}" if "corr" in h else ""
     body = json.dumps(d.get("body"), separators=(",", ":"))
     if len(body) > 100:
         body = body[:97] + "..."
-    return f"{head} {h['kind']:<14} {h['flow']:<6} {h['src']} -> {h['dst']} id={h['id'][:8]}{corr} {body}"
+    return f"{head} {h['kind']:<14} {h['flow']:<6} {h['src']} -> {h['dst']} id={_short(h['id'])}{corr} {body}"
 
 
 def cmd_log(args: argparse.Namespace) -> int:
