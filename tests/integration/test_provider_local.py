@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from peers.turn_io import RecordingTurnIO
 
 from actors.router.providers.base import (
     ChatMessage,
@@ -57,33 +58,6 @@ WEATHER_SYSTEM = (
     "After the tool result arrives, answer with one short sentence."
 )
 GREEDY = {"temperature": 0.0, "seed": 7}
-
-
-class RecordingTurnIO:
-    """A fake Router end of a turn: records events, answers tool calls, and cancels when told to."""
-
-    def __init__(
-        self,
-        results: Callable[[str], ToolResult] | None = None,
-        on_emit: Callable[[RecordingTurnIO, ProviderEvent], None] | None = None,
-    ) -> None:
-        self.cancelled = threading.Event()
-        self.events: list[ProviderEvent] = []
-        self.waited: list[str] = []
-        self._results = results or (lambda call_id: ToolResult(success=True, output="Sunny, 21 degrees"))
-        self._on_emit = on_emit
-
-    def emit(self, event: ProviderEvent) -> None:
-        self.events.append(event)
-        if self._on_emit is not None:
-            self._on_emit(self, event)
-
-    def wait_result(self, call_id: str) -> ToolResult:
-        self.waited.append(call_id)
-        return self._results(call_id)
-
-    def of(self, kind: type[Any]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 def request(

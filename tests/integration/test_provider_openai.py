@@ -23,6 +23,7 @@ from typing import Any
 import openai
 import pytest
 from peers.llama_server import API_KEY, LlamaServer, free_port, start_llama_server
+from peers.turn_io import RecordingTurnIO
 
 from actors.router.providers.base import (
     ChatMessage,
@@ -60,33 +61,6 @@ TOOL = ToolSpec(
 )
 FORCE_TOOL = {"type": "function", "function": {"name": CALL_KTOOL}}
 GREEDY = {"temperature": 0.0, "seed": 7}
-
-
-class RecordingTurnIO:
-    """A fake Router end of a turn: records events, answers tool calls, and runs a hook on each event."""
-
-    def __init__(
-        self,
-        results: Callable[[str], ToolResult] | None = None,
-        on_emit: Callable[[RecordingTurnIO, ProviderEvent], None] | None = None,
-    ) -> None:
-        self.cancelled = threading.Event()
-        self.events: list[ProviderEvent] = []
-        self.waited: list[str] = []
-        self._results = results or (lambda call_id: ToolResult(success=True, output="Sunny, 21 degrees"))
-        self._on_emit = on_emit
-
-    def emit(self, event: ProviderEvent) -> None:
-        self.events.append(event)
-        if self._on_emit is not None:
-            self._on_emit(self, event)
-
-    def wait_result(self, call_id: str) -> ToolResult:
-        self.waited.append(call_id)
-        return self._results(call_id)
-
-    def of(self, kind: type[Any]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 def request(
