@@ -124,10 +124,12 @@ class SocketInbox:
         if not self._opened:
             self._open()
         sock = self._sock
+        socket_ready = False
         while True:
             if self._local:
                 return self._local.popleft()
-            if sock is not None and readable(sock):
+            if sock is not None and (socket_ready or readable(sock)):
+                socket_ready = False
                 envelope = self._receive(sock)
                 if envelope is not None:
                     return envelope
@@ -142,6 +144,8 @@ class SocketInbox:
                 if fd == self._wake_r:  # read the wake-up pipe only when it woke us: a syscall saved
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
+                else:
+                    socket_ready = True  # the poll said so: no second look before receiving
 
     def _receive(self, sock: Sock) -> Any:
         node = self._node
