@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.echo import EchoActor
+from actors.inference import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
 from actors.router.messages import ROUTER_ERRORS, ROUTER_MESSAGES
@@ -40,8 +41,8 @@ ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
     "router": _router,
 }
 
-MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES)
-ERRORS = (*ROUTER_ERRORS, UnknownModel)
+MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES)
+ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS)
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:

@@ -1,0 +1,817 @@
+"""Host-independent primary inference (seed 000; RULES.md RT-*, SI-*, MB-02, MB-10): ``InferenceRuntime``
+starts one native provider turn per ``start_session_inference`` and hands back a ``SessionInference``.
+
+Each ``SessionInference`` is the facade of one ``InferenceHandleActor``: the actor's state *is* the handle's
+single use (Starting → Active → Terminal), and its mailbox serialises every operation on it, so concurrent
+callers need no lock (MB-02). The actor never blocks: every Router call is a request with a continuation,
+and a caller's request that must wait for the Router is answered later through its stored ``Context``.
+
+The handle holds no host reference and runs no application code: it talks to the Router only when asked
+through ``next_event``, ``respond``, ``finish_unavailable`` or ``close`` (SI-04).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import uuid
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Final
+
+from actors.base import DEFER, BusActor, Context
+from actors.router.messages import (
+    CancelOperation,
+    InvalidCallId,
+    NextTurnEvent,
+    ResolveModel,
+    RespondCall,
+    RouterError,
+    StartTurn,
+    TurnCancelled,
+    TurnClosed,
+    TurnCompleted,
+    TurnInput,
+    TurnStarted,
+    TurnTerminated,
+    TurnTextDelta,
+    TurnTimedOut,
+    TurnToolCall,
+    TurnUsage,
+)
+from actors.router.messages import FinishUnavailable as RouterFinishUnavailable
+from actors.types import (
+    AgentContinuation,
+    ModelContext,
+    ResolvedAgentModel,
+    TokenUsage,
+    ToolCall,
+    ToolCallError,
+    ToolCallErrorKind,
+    ToolResult,
+    UsageReceipt,
+)
+from transport.codec import JsonValue
+from transport.errors import TRANSPORT_ERRORS, BusError, NotDelivered, Unavailable
+from transport.messages import Ok
+from transport.node import Node
+from transport.pending import Reply, forbid_blocking
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUND_LIMIT: Final = 250  # RT-01
+
+# How long the handle's one outstanding Router read may take. Deliberately longer than any caller's wait:
+# an event that arrives after its reader gave up is kept for the next ``next_event`` instead of being lost.
+READ_TIMEOUT: Final = 3600.0
+_LIVE_MARGIN = 0.05  # a reader whose deadline is this close is treated as gone (its reply could be dropped)
+
+_AgentToolCall = ToolCall  # the seed's ToolCall, named apart from SessionInferenceEvent.ToolCall
+
+__all__ = [
+    "DEFAULT_ROUND_LIMIT",
+    "HandleTerminated",
+    "InferenceError",
+    "InferenceHandleActor",
+    "InferenceRuntime",
+    "InferenceTimeout",
+    "InvalidCallId",
+    "PreparedRound",
+    "ProviderEndedError",
+    "SessionInference",
+    "SessionInferenceEvent",
+    "SessionInferenceRequest",
+    "parse_call_ktool",
+]
+
+# -------------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedRound:
+    TAG: ClassVar[str] = "si.prepared_round"
+    input: str
+    provider_input: str
+    continuation: AgentContinuation | None
+    model: str
+    reasoning_effort: str
+    tool_description: str
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInferenceRequest:
+    TAG: ClassVar[str] = "si.request"
+    user_id: str
+    operation_id: uuid.UUID
+    round: int
+    prepared: PreparedRound
+
+
+# ---------------------------------------------------------------------------------------------- events
+
+
+class SessionInferenceEvent:
+    """The normalized events ``next_event`` returns (SI-05); callers ``match`` on the nested classes."""
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class ProviderInput:
+        TAG: ClassVar[str] = "si.ev.provider_input"
+        context: ModelContext
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class UsageUpdated:
+        TAG: ClassVar[str] = "si.ev.usage"
+        usage: TokenUsage
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class ToolCall:
+        TAG: ClassVar[str] = "si.ev.tool_call"
+        call_id: str
+        call: _AgentToolCall | ToolCallError
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Completed:
+        TAG: ClassVar[str] = "si.ev.completed"
+        answer: str
+        usage: TokenUsage | None
+        receipt: UsageReceipt
+        continuation: AgentContinuation | None = None
+
+
+Event = (
+    SessionInferenceEvent.ProviderInput
+    | SessionInferenceEvent.UsageUpdated
+    | SessionInferenceEvent.ToolCall
+    | SessionInferenceEvent.Completed
+)
+
+# ------------------------------------------------------------------------------- the handle's messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitStarted:
+    """Answered with ``InferenceStarted`` once the Router started the turn (or its start error)."""
+
+    TAG: ClassVar[str] = "si.await_started"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceStarted:
+    TAG: ClassVar[str] = "si.started"
+    operation_id: uuid.UUID
+    model: ResolvedAgentModel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NextEvent:
+    """Answered with one normalized event, or ``Ok`` when the stream closed without completion (SI-09)."""
+
+    TAG: ClassVar[str] = "si.next_event"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Respond:
+    TAG: ClassVar[str] = "si.respond"
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinishUnavailable:
+    TAG: ClassVar[str] = "si.finish_unavailable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close:
+    TAG: ClassVar[str] = "si.close"
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+class InferenceError(BusError):
+    """A provider start or stream error; ``__cause__`` is the Router's error, ``receipt`` its receipt."""
+
+    WIRE = "si.inference"
+
+    def __init__(self, message: str = "", *, receipt: UsageReceipt | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.receipt = receipt
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {**self.details, "receipt": self.receipt}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: Mapping[str, Any]) -> BusError:
+        fields = dict(fields)
+        receipt = fields.pop("receipt", None)
+        if receipt is not None and not isinstance(receipt, UsageReceipt):
+            raise ValueError("receipt is not a UsageReceipt")
+        return cls(message, receipt=receipt, **fields)
+
+
+class InferenceTimeout(InferenceError):
+    """The Router ended the turn because ``prepared.timeout`` ran out (SI-20)."""
+
+    WIRE = "si.timeout"
+
+
+class ProviderEndedError(InferenceError):
+    """The Router ended the turn (cancelled through its lineage, or accounted already)."""
+
+    WIRE = "si.provider_ended"
+
+
+class HandleTerminated(BusError):
+    """The handle was used up (completed, accounted, failed with a receipt, or closed): nothing was sent."""
+
+    WIRE = "si.handle_terminated"
+
+
+INFERENCE_MESSAGES = (
+    PreparedRound,
+    SessionInferenceRequest,
+    SessionInferenceEvent.ProviderInput,
+    SessionInferenceEvent.UsageUpdated,
+    SessionInferenceEvent.ToolCall,
+    SessionInferenceEvent.Completed,
+    AwaitStarted,
+    InferenceStarted,
+    NextEvent,
+    Respond,
+    FinishUnavailable,
+    Close,
+)
+INFERENCE_ERRORS: tuple[type[BusError], ...] = (
+    InferenceError,
+    InferenceTimeout,
+    ProviderEndedError,
+    HandleTerminated,
+)
+
+# ------------------------------------------------------------------------------------ strict parsing
+
+
+def _error(kind: ToolCallErrorKind, detail: str) -> ToolCallError:
+    return ToolCallError(kind=kind, detail=detail)
+
+
+def parse_call_ktool(arguments: Mapping[str, JsonValue] | None) -> ToolCall | ToolCallError:
+    """RT-05: exactly ``{"name": non-empty str, "arguments": JSON object}``; anything else is a bounded
+    ``ToolCallError`` (the Router classified bad JSON, non-objects and foreign function names already)."""
+    if arguments is None:
+        return _error(ToolCallErrorKind.NOT_OBJECT, "no argument object")
+    if "name" not in arguments:
+        return _error(ToolCallErrorKind.MISSING_NAME, "the call has no 'name'")
+    name = arguments["name"]
+    if not isinstance(name, str) or not name:
+        return _error(ToolCallErrorKind.INVALID_NAME, f"'name' is {_describe(name)}, not a non-empty string")
+    if "arguments" not in arguments:
+        return _error(ToolCallErrorKind.INVALID_ARGUMENTS, "the call has no 'arguments'")
+    args = arguments["arguments"]
+    if not isinstance(args, dict):
+        return _error(ToolCallErrorKind.INVALID_ARGUMENTS, f"'arguments' is {_describe(args)}, not an object")
+    extra = sorted(key for key in arguments if key not in ("name", "arguments"))
+    if extra:
+        return _error(ToolCallErrorKind.UNEXPECTED_FIELD, f"unexpected field {extra[0][:60]!r}")
+    return ToolCall(name=name, arguments=args)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, str):
+        return "an empty string" if not value else f"a string of {len(value)} characters"
+    return f"a {type(value).__name__}"
+
+
+def inference_error(error: BaseException) -> InferenceError:
+    """The handle's error for a Router (or transport) failure: receipt kept, the original as ``__cause__``."""
+    receipt = error.receipt if isinstance(error, RouterError) else None
+    cls: type[InferenceError] = InferenceError
+    if isinstance(error, TurnTimedOut):
+        cls = InferenceTimeout
+    elif isinstance(error, TurnCancelled | TurnTerminated):
+        cls = ProviderEndedError
+    message = error.message if isinstance(error, BusError) else str(error)
+    wrapped = cls(f"provider turn failed: {message}"[:500], receipt=receipt)
+    wrapped.__cause__ = error
+    return wrapped
+
+
+# ----------------------------------------------------------------------------------- the handle actor
+
+Outcome = Event | InferenceError | None  # what one Router read gives a reader (None: closed, SI-09)
+
+
+@dataclass(frozen=True, slots=True)
+class Starting:
+    waiters: tuple[Context, ...] = ()  # AwaitStarted requests
+    queued: tuple[tuple[Any, Context], ...] = ()  # other requests, replayed once started
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    operation_id: uuid.UUID
+    model: ResolvedAgentModel
+    surfaced: frozenset[str] = frozenset()  # call ids surfaced and not answered (nor being answered)
+    readers: tuple[Context, ...] = ()  # NextEvent requests, FIFO
+    reading: bool = False  # one Router read in flight
+    buffered: tuple[Outcome, ...] = ()  # outcomes whose reader gave up before they arrived
+    accountants: tuple[Context, ...] = ()  # FinishUnavailable requests; the first one is in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    why: str
+    operation_id: uuid.UUID | None = None
+    model: ResolvedAgentModel | None = None
+    start_error: InferenceError | None = None
+
+
+State = Starting | Active | Terminal
+
+
+def start_turn_of(request: SessionInferenceRequest) -> StartTurn:
+    """SI-02/SI-03: everything the caller prepared, and ``provider_input`` verbatim (never ``input``)."""
+    prepared = request.prepared
+    return StartTurn(
+        user_id=request.user_id,
+        parent_operation_id=request.operation_id,
+        round=request.round,
+        model=prepared.model,
+        input=prepared.provider_input,
+        tool_description=prepared.tool_description,
+        reasoning_effort=prepared.reasoning_effort,
+        continuation=prepared.continuation,
+        timeout_s=prepared.timeout,
+    )
+
+
+class InferenceHandleActor(BusActor):
+    """One provider turn; spawned by ``InferenceRuntime``. See the module docstring."""
+
+    def __init__(
+        self,
+        node: Node,
+        address: str,
+        *,
+        router: str,
+        request: SessionInferenceRequest,
+        start_timeout: float | None = None,
+        read_timeout: float = READ_TIMEOUT,
+    ) -> None:
+        super().__init__(node, address)
+        self._router = router
+        self._start = start_turn_of(request)
+        self._start_timeout = start_timeout
+        self._read_timeout = read_timeout
+        self._state: State = Starting()
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.ask(self._router, self._start, self._on_started, timeout=self._start_timeout)
+
+    # ------------------------------------------------------------------------------------ dispatch
+    def handle(self, message: Any, ctx: Context) -> Any:
+        state = self._state
+        match state, message:
+            case Starting(), AwaitStarted():
+                self._state = replace(state, waiters=(*state.waiters, ctx))
+                return DEFER
+            case Starting(), NextEvent() | Respond() | FinishUnavailable() | Close():
+                self._state = replace(state, queued=(*state.queued, (message, ctx)))
+                return DEFER
+            case Active(), AwaitStarted():
+                return InferenceStarted(operation_id=state.operation_id, model=state.model)
+            case Active(), NextEvent():
+                self._state = replace(state, readers=(*state.readers, ctx))
+                self._pump()
+                return DEFER
+            case Active(), Respond(call_id=call_id, result=result):
+                if call_id not in state.surfaced:
+                    raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
+                self._state = replace(state, surfaced=state.surfaced - {call_id})
+                self.ask(
+                    self._router,
+                    RespondCall(operation_id=state.operation_id, call_id=call_id, result=result),
+                    lambda reply: self._on_responded(ctx, call_id, reply),
+                )
+                return DEFER
+            case Active(), FinishUnavailable():
+                self._state = replace(state, accountants=(*state.accountants, ctx))
+                if not state.accountants:
+                    self._account(state.operation_id)
+                return DEFER
+            case Active(), Close():
+                # SI-17: cancel the child operation; the caller gets no receipt and no event.
+                self._terminate("the handle was closed")
+                self.ask(
+                    self._router,
+                    CancelOperation(operation_id=state.operation_id),
+                    lambda reply: self._closed(ctx, reply),
+                )
+                return DEFER
+            case Terminal(start_error=error), AwaitStarted():
+                if error is not None:
+                    raise error
+                assert state.operation_id is not None and state.model is not None
+                return InferenceStarted(operation_id=state.operation_id, model=state.model)
+            case Terminal(), Close():
+                self.stop()
+                return None
+            case Terminal(why=why), NextEvent() | Respond() | FinishUnavailable():
+                raise HandleTerminated(why)  # SI-13: the Router is not contacted
+        raise TypeError(f"the inference handle does not handle {type(message).__name__}")
+
+    # --------------------------------------------------------------------------------- starting
+    def _on_started(self, reply: Reply) -> None:
+        state = self._state
+        assert isinstance(state, Starting)
+        if reply.error is None and isinstance(reply.message, TurnStarted):
+            self._state = Active(reply.message.operation_id, reply.message.model)
+            started = InferenceStarted(operation_id=reply.message.operation_id, model=reply.message.model)
+            for ctx in state.waiters:
+                ctx.reply(started)
+        else:
+            error = inference_error(reply.error or RouterError(f"unexpected start reply {reply.message!r}"))
+            self._state = Terminal("the provider turn did not start", start_error=error)
+            for ctx in state.waiters:
+                ctx.fail(error)
+        for message, ctx in state.queued:
+            self._replay(message, ctx)
+
+    def _replay(self, message: Any, ctx: Context) -> None:
+        try:
+            result = self.handle(message, ctx)
+        except BusError as exc:
+            ctx.fail(exc)
+            return
+        if result is not DEFER and not ctx.done:
+            ctx.reply(Ok() if result is None else result)
+
+    # ---------------------------------------------------------------------------------- reading
+    def _pump(self) -> None:
+        """Give buffered outcomes to live readers; start one Router read when a reader still waits."""
+        while isinstance(self._state, Active):
+            state = self._state
+            readers = tuple(ctx for ctx in state.readers if self._alive(ctx))
+            self._state = state = replace(state, readers=readers)
+            if not readers:
+                return
+            if state.buffered:
+                self._state = replace(state, buffered=state.buffered[1:])
+                self._give(state.buffered[0])
+                continue
+            if not state.reading:
+                self._state = replace(state, reading=True)
+                self.ask(
+                    self._router,
+                    NextTurnEvent(operation_id=state.operation_id),
+                    self._on_read,
+                    timeout=self._read_timeout,
+                )
+            return
+
+    def _alive(self, ctx: Context) -> bool:
+        deadline = ctx.header.deadline
+        return not ctx.done and (deadline is None or deadline - self.node.clock() > _LIVE_MARGIN)
+
+    def _on_read(self, reply: Reply) -> None:
+        state = self._state
+        if not isinstance(state, Active):
+            return  # terminated meanwhile: every reader was answered then
+        self._state = state = replace(state, reading=False)
+        outcome: Outcome
+        if reply.error is not None:
+            outcome = inference_error(reply.error)
+        else:
+            match reply.message:
+                case TurnTextDelta():
+                    self._pump()  # not a normalized event (SI-05): read on
+                    return
+                case TurnInput(context=context):
+                    outcome = SessionInferenceEvent.ProviderInput(context=context)
+                case TurnUsage(usage=usage):
+                    outcome = SessionInferenceEvent.UsageUpdated(usage=usage)
+                case TurnToolCall(call_id=call_id, arguments=arguments, error=error):
+                    call = error if error is not None else parse_call_ktool(arguments)
+                    self._state = replace(state, surfaced=state.surfaced | {call_id})
+                    outcome = SessionInferenceEvent.ToolCall(call_id=call_id, call=call)
+                case TurnCompleted(answer=answer, usage=usage, receipt=receipt, continuation=continuation):
+                    outcome = SessionInferenceEvent.Completed(
+                        answer=answer, usage=usage, receipt=receipt, continuation=continuation
+                    )
+                case TurnClosed():
+                    outcome = None
+                case other:
+                    outcome = InferenceError(f"unexpected Router event {type(other).__name__}")
+        if isinstance(self._state, Active) and any(self._alive(c) for c in self._state.readers):
+            self._give(outcome)
+        else:
+            active = self._state
+            assert isinstance(active, Active)
+            self._state = replace(active, buffered=(*active.buffered, outcome))
+        self._pump()
+
+    def _give(self, outcome: Outcome) -> None:
+        """Answer the first live reader with ``outcome`` and apply what it means for the handle."""
+        state = self._state
+        assert isinstance(state, Active) and state.readers
+        ctx, rest = state.readers[0], state.readers[1:]
+        self._state = replace(state, readers=rest)
+        if isinstance(outcome, InferenceError):
+            ctx.fail(outcome)
+            if outcome.receipt is not None:
+                self._terminate("the provider turn failed; its receipt was reported")  # SI-16
+        elif outcome is None:
+            ctx.reply(Ok())  # SI-09: closed without completion; the handle stays active
+        else:
+            ctx.reply(outcome)
+            if isinstance(outcome, SessionInferenceEvent.Completed):
+                self._terminate("the provider turn completed")  # SI-08
+
+    # ------------------------------------------------------------------------ respond / account
+    def _on_responded(self, ctx: Context, call_id: str, reply: Reply) -> None:
+        if reply.error is None:
+            ctx.reply(Ok())
+            return
+        error = inference_error(reply.error)
+        state = self._state
+        if error.receipt is not None:
+            self._terminate("the provider turn ended; its receipt was reported")
+        elif isinstance(state, Active) and not isinstance(reply.error, InvalidCallId):
+            self._state = replace(state, surfaced=state.surfaced | {call_id})  # SI-11: still answerable
+        ctx.fail(error)
+
+    def _account(self, operation_id: uuid.UUID) -> None:
+        self.ask(self._router, RouterFinishUnavailable(operation_id=operation_id), self._on_accounted)
+
+    def _on_accounted(self, reply: Reply) -> None:
+        state = self._state
+        if not isinstance(state, Active) or not state.accountants:
+            return  # closed meanwhile: the requests were answered then
+        ctx, rest = state.accountants[0], state.accountants[1:]
+        if reply.error is None:
+            self._state = replace(state, accountants=rest)
+            ctx.reply(reply.message)
+            self._terminate("the provider turn was accounted as unavailable")  # SI-12, MB-02
+            return
+        error = inference_error(reply.error)
+        self._state = replace(state, accountants=rest)
+        ctx.fail(error)
+        if error.receipt is not None:
+            self._terminate("the provider turn ended; its receipt was reported")
+        elif rest:
+            self._account(state.operation_id)  # SI-14: not terminal; the next caller tries again
+
+    def _terminate(self, why: str) -> None:
+        state = self._state
+        if not isinstance(state, Active):
+            return
+        self._state = Terminal(why, state.operation_id, state.model)
+        for ctx in (*state.readers, *state.accountants):
+            if not ctx.done:
+                ctx.fail(HandleTerminated(why))
+
+    def _closed(self, ctx: Context, reply: Reply) -> None:
+        if reply.error is not None:
+            log.info("%s: cancelling the turn on close failed: %r", self.address, reply.error)
+        ctx.reply(Ok())
+        self.stop()
+
+
+# ------------------------------------------------------------------------------------------ facades
+
+
+def _typed(error: BaseException, address: str) -> BaseException:
+    """MB-10: a handle that is gone is ``Unavailable`` (ActorUnavailable), whichever way it showed."""
+    if isinstance(error, NotDelivered):
+        gone = Unavailable(f"inference handle {address} is gone: {error.message}")
+        gone.__cause__ = error
+        return gone
+    return error
+
+
+def _mapped(
+    inner: concurrent.futures.Future[Any], convert: Callable[[Any], Any], address: str
+) -> concurrent.futures.Future[Any]:
+    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(fut: concurrent.futures.Future[Any]) -> None:
+        error = fut.exception()
+        if error is not None:
+            outer.set_exception(_typed(error, address))
+            return
+        try:
+            outer.set_result(convert(fut.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            outer.set_exception(exc)
+
+    inner.add_done_callback(done)
+    return outer
+
+
+def _event_or_none(reply: Any) -> Event | None:
+    return None if isinstance(reply, Ok) else reply
+
+
+def _none(reply: Any) -> None:
+    return None
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+class SessionInference:
+    """One primary provider turn (seed ``SessionInference``), usable from any thread in any process.
+
+    ``operation_id`` is the provider child operation (RT-12); with it the Router can account for the turn
+    even if this handle's actor is gone (MB-10). ``close()`` (or leaving a ``with`` block) is the drop.
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        address: str,
+        operation_id: uuid.UUID,
+        model: ResolvedAgentModel | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self.node = node
+        self.address = address
+        self.operation_id = operation_id
+        self.model = model
+        self.timeout = timeout
+        self._closed = False
+
+    def _t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _call(self, message: Any, timeout: float | None) -> Any:
+        forbid_blocking("SessionInference")
+        try:
+            return self.node.request(self.address, message, timeout=self._t(timeout))
+        except NotDelivered as exc:
+            raise _typed(exc, self.address) from exc.__cause__
+
+    def _future(
+        self, message: Any, timeout: float | None, convert: Callable[[Any], Any]
+    ) -> concurrent.futures.Future[Any]:
+        inner = self.node.request_future(self.address, message, timeout=self._t(timeout))
+        return _mapped(inner, convert, self.address)
+
+    def next_event(self, *, timeout: float | None = None) -> Event | None:
+        return _event_or_none(self._call(NextEvent(), timeout))
+
+    def next_event_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(NextEvent(), timeout, _event_or_none)
+
+    def respond(self, call_id: str, result: ToolResult, *, timeout: float | None = None) -> None:
+        self._call(Respond(call_id=call_id, result=result), timeout)
+
+    def respond_future(
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(Respond(call_id=call_id, result=result), timeout, _none)
+
+    def finish_unavailable(self, *, timeout: float | None = None) -> UsageReceipt:
+        return self._call(FinishUnavailable(), timeout)  # type: ignore[no-any-return]
+
+    def finish_unavailable_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(FinishUnavailable(), timeout, _same)
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Cancel an active turn at the Router and release the handle; no receipt, no event (SI-17)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Unavailable):  # the handle is gone already: nothing left to release
+            self._call(Close(), timeout)
+
+    def close_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        self._closed = True
+        return self._future(Close(), timeout, _none)
+
+    def __enter__(self) -> SessionInference:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Dropping is not evidence the provider had no effect: no accounting here, only a warning.
+        if not getattr(self, "_closed", True):
+            warnings.warn(
+                f"SessionInference {getattr(self, 'operation_id', '?')} was not closed",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+
+def _resolve_error(requested: str, error: BusError) -> BusError:
+    """RT-03: a Router error becomes an InferenceError caused by it; transport outcomes stay as they are."""
+    if type(error) in TRANSPORT_ERRORS:
+        return error
+    wrapped = InferenceError(f"resolving model {requested[:80]!r} failed: {error.message}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+class InferenceRuntime:
+    """The seed's router-backed ``AgentRuntime``: cheap to clone; clones share one Router (RT-02).
+
+    ``router_address`` is the Router actor (any node); handle actors are spawned on ``handles_on``
+    (default: ``node``), which must be able to reach the Router.
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        router_address: str,
+        *,
+        handles_on: Node | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.node = node
+        self.router_address = router_address
+        self.handles_on = handles_on or node
+        self.timeout = timeout
+
+    def _t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def clone(self) -> InferenceRuntime:
+        return InferenceRuntime(
+            self.node, self.router_address, handles_on=self.handles_on, timeout=self.timeout
+        )
+
+    def resolve_model(self, requested: str, *, timeout: float | None = None) -> ResolvedAgentModel:
+        try:
+            return self.node.request(  # type: ignore[no-any-return]
+                self.router_address, ResolveModel(requested=requested), timeout=self._t(timeout)
+            )
+        except BusError as exc:
+            error = _resolve_error(requested, exc)
+            if error is exc:
+                raise
+            raise error  # noqa: B904 - its __cause__ is the Router's error already (RT-03)
+
+    def resolve_model_future(
+        self, requested: str, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        inner = self.node.request_future(
+            self.router_address, ResolveModel(requested=requested), timeout=self._t(timeout)
+        )
+        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            error = fut.exception()
+            if isinstance(error, BusError):
+                outer.set_exception(_resolve_error(requested, error))
+            elif error is not None:
+                outer.set_exception(error)
+            else:
+                outer.set_result(fut.result())
+
+        inner.add_done_callback(done)
+        return outer
+
+    def start_session_inference(
+        self, request: SessionInferenceRequest, *, timeout: float | None = None
+    ) -> SessionInference:
+        forbid_blocking("InferenceRuntime.start_session_inference")
+        future = self.start_session_inference_future(request, timeout=timeout)
+        return future.result(self._t(timeout) + 1.0)  # type: ignore[no-any-return]
+
+    def start_session_inference_future(
+        self, request: SessionInferenceRequest, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """SI-01: one handle actor, one StartTurn; resolves once the Router answered it."""
+        node = self.handles_on
+        t = self._t(timeout)
+        name = f"inference.{uuid.uuid4().hex}"
+        ref = node.spawn(
+            InferenceHandleActor, name, router=self.router_address, request=request, start_timeout=t
+        )
+        address = f"{node.name}/{name}"
+        inner = node.request_future(address, AwaitStarted(), timeout=t)
+        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        handle_timeout = self.timeout
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            error = fut.exception()
+            if error is not None:
+                ref.stop(block=False)
+                outer.set_exception(_typed(error, address))
+                return
+            started: InferenceStarted = fut.result()
+            outer.set_result(
+                SessionInference(node, address, started.operation_id, started.model, timeout=handle_timeout)
+            )
+
+        inner.add_done_callback(done)
+        return outer

@@ -1,0 +1,144 @@
+"""The inference handle on this node, the Router in another process (``kbus node``), over ipc."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.inference import (
+    HandleTerminated,
+    InferenceRuntime,
+    PreparedRound,
+    SessionInferenceEvent,
+    SessionInferenceRequest,
+)
+from actors.nodes import registry
+from actors.router.client import RouterClient
+from actors.types import ToolCall, ToolResult
+from transport import Node, Peer
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+[node]
+name = "brain"
+bind = ["ipc://brain.sock"]
+data_dir = "data"
+[actors.router]
+type = "router"
+[providers.scripted]
+kind = "scripted"
+scripts = [
+  [ { text = "let me compute", chunks = 2 },
+    { call = { name = "calc", arguments = { expression = "6*7" } }, id = "call-1" },
+    { text = "The answer is 42.", chunks = 4 },
+    { usage = { input_tokens = 12, output_tokens = 6, total_tokens = 18 } } ],
+]
+[models.scripted]
+provider = "scripted"
+provider_model = "scripted-v1"
+context_window = 4096
+max_input_tokens = 4000
+"""
+
+
+@pytest.fixture
+def router_process() -> Iterator[Callable[[Path], str]]:
+    """``kbus node`` with a Router in its own process; returns its 'listening' line; ended by PID."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(config: Path) -> str:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        procs.append(proc)
+        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        out = proc.stdout
+        assert out is not None
+        threading.Thread(target=lambda: lines.put(out.readline()), daemon=True).start()
+        line = lines.get(timeout=60)
+        assert "listening" in line, line
+        return line
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_tool_call_turn_end_to_end_with_the_router_in_another_process(
+    ipc_dir: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+) -> None:
+    """SI-01/05/06/08/19, RT-09 across processes: events, the call, the answer and the Router's receipt."""
+    config = ipc_dir / "router.toml"
+    config.write_text(CONFIG)
+    router_process(config)
+    app = make_node("app", registry=registry())
+    # The handle actor reaches the Router through the node's I/O thread: connect before the first turn.
+    app.connect(Peer("brain", f"ipc://{ipc_dir}/brain.sock"), wait=20)
+    runtime = InferenceRuntime(app, "brain/router", timeout=20)
+    assert runtime.resolve_model("scripted").provider_model == "scripted-v1"
+    parent = uuid.uuid4()
+    request = SessionInferenceRequest(
+        user_id="u1",
+        operation_id=parent,
+        round=1,
+        prepared=PreparedRound(
+            input="FULL CONTEXT",
+            provider_input="what is 6*7?",
+            continuation=None,
+            model="scripted",
+            reasoning_effort="low",
+            tool_description="tools: calc",
+            timeout=30.0,
+        ),
+    )
+    events: list[Any] = []
+    with runtime.start_session_inference(request) as si:
+        assert si.address.startswith("app/")  # the handle lives on this node
+        for _ in range(20):
+            event = si.next_event(timeout=20)
+            events.append(event)
+            if isinstance(event, SessionInferenceEvent.ToolCall):
+                assert event.call_id == "call-1"
+                assert event.call == ToolCall(name="calc", arguments={"expression": "6*7"})
+                si.respond(event.call_id, ToolResult(success=True, output="42"), timeout=20)
+            if isinstance(event, SessionInferenceEvent.Completed):
+                break
+        done = events[-1]
+        assert [type(e).__name__ for e in events] == [
+            "ProviderInput",
+            "ToolCall",
+            "ProviderInput",
+            "UsageUpdated",
+            "Completed",
+        ]
+        assert isinstance(done, SessionInferenceEvent.Completed)
+        assert done.answer == "The answer is 42."
+        assert done.usage is not None and done.usage.total_tokens == 18
+        assert done.receipt.parent_operation_id == parent and done.receipt.status == "completed"
+        assert RouterClient(app, "brain/router", timeout=20).receipt(si.operation_id) == done.receipt
+        with pytest.raises(HandleTerminated):
+            si.next_event(timeout=20)
+    assert (ipc_dir / "data" / "receipts.sqlite3").exists()
