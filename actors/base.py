@@ -164,12 +164,13 @@ class BusActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.node.unregister(self.name, self.actor_ref)
-        if isinstance(self.actor_inbox, SocketInbox):
-            self.actor_inbox.close()
+        # Answer deferred requests first: some came in over the direct socket, closed just below.
         for ctx in list(self._open.values()):
             if not ctx.done:
                 ctx.fail(Unavailable(f"{self.address} stopped before answering"))
         self._open.clear()
+        if isinstance(self.actor_inbox, SocketInbox):
+            self.actor_inbox.close()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         self.node.unregister(self.name, self.actor_ref)

@@ -699,3 +699,33 @@ def test_a_request_not_yet_sent_survives_a_disconnect_of_its_peer() -> None:
     assert table.fail_peer("n2", lambda e: Unavailable("gone")) == 1
     assert [type(r.error) for r in outcomes] == [Unavailable]
     assert b"q" * 16 in table
+
+
+def test_a_direct_actor_that_stops_answers_its_deferred_requests_over_its_own_socket(
+    make_node: Callable[..., Node], ipc_dir: Path
+) -> None:
+    """A held request that came in over a direct actor's own socket is told why it ends (Unavailable,
+    'stopped before answering') before that socket closes, not left to notice a disconnect."""
+    server = make_node("srv", bind=[f"ipc://{ipc_dir}/srv.sock"])
+    ref = server.spawn(EchoActor, "echo")
+    client = make_node("cli", peers=[Peer("srv", f"ipc://{ipc_dir}/srv.sock")])
+    client.request("srv/echo", Echo(), timeout=WAIT)  # resolves and uses the direct socket
+    assert server.direct_endpoints("echo")
+    outcome: queue.Queue[BaseException | None] = queue.Queue()
+
+    def hold() -> None:
+        try:
+            client.request("srv/echo", Hold(), timeout=WAIT)
+            outcome.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.put(exc)
+
+    threading.Thread(target=hold, daemon=True).start()
+    # Each look is a round trip through the actor's mailbox (no sleeping), bounded by WAIT.
+    deadline = time.monotonic() + WAIT
+    while ref.proxy().handled.get(timeout=WAIT) < 2:
+        assert time.monotonic() < deadline, "the Hold never reached the echo actor"
+    ref.stop(timeout=WAIT)
+    error = outcome.get(timeout=WAIT)
+    assert isinstance(error, Unavailable)
+    assert "stopped before answering" in str(error)
