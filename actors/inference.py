@@ -815,3 +815,16 @@ class InferenceRuntime:
 
         inner.add_done_callback(done)
         return outer
+
+    def run_session_future(
+        self, request: Any, host: str, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """The primary-session loop (actors/session.py) against the host actor at ``host``."""
+        from actors.session import run_session_future
+
+        return run_session_future(self.node, self.router_address, request, host, timeout=timeout)
+
+    def run_session(self, request: Any, host: str, *, timeout: float | None = None) -> str | None:
+        from actors.session import run_session
+
+        return run_session(self.node, self.router_address, request, host, timeout=timeout)

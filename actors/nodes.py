@@ -11,6 +11,7 @@ from actors.inference import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
 from actors.router.messages import ROUTER_ERRORS, ROUTER_MESSAGES
+from actors.session import SESSION_ERRORS, SESSION_MESSAGES
 from actors.types import AGENT_TYPES
 from config import ConfigError, Settings
 from transport.capture import CaptureWriter
@@ -41,8 +42,8 @@ ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
     "router": _router,
 }
 
-MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES)
-ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS)
+MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES, *SESSION_MESSAGES)
+ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS, *SESSION_ERRORS)
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:

@@ -1,0 +1,769 @@
+"""The primary-session compatibility loop (seed 000; RULES.md RS-*, EV-07..EV-10).
+
+``run_session`` is the application-host adapter over ``SessionInference``: one ``SessionLoopActor`` per call
+runs the loop as an explicit state machine driven by continuations (it never blocks its mailbox), talking to
+an inference-handle actor per provider round (RS-01) and to a ``HostActor`` that wraps the application's
+``SessionHost`` object (possibly on another node or process).
+
+``HostActor`` runs host methods on its own thread; a method that returns a ``concurrent.futures.Future`` is
+answered when the future resolves, so ``record`` traffic keeps flowing while a long tool runs. Tool effects
+are idempotent per key (operation id, round, call id): a repeated ``HostExecuteTool`` gets the stored outcome
+without running the tool again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Protocol
+
+from actors.base import DEFER, BusActor, Context
+from actors.inference import (
+    DEFAULT_ROUND_LIMIT,
+    AwaitStarted,
+    FinishUnavailable,
+    InferenceError,
+    InferenceHandleActor,
+    InferenceStarted,
+    NextEvent,
+    PreparedRound,
+    ProviderEndedError,
+    Respond,
+    SessionInferenceEvent,
+    SessionInferenceRequest,
+)
+from actors.types import (
+    AgentContinuation,
+    ModelContext,
+    TokenUsage,
+    ToolCall,
+    ToolCallError,
+    ToolResult,
+    UsageReceipt,
+)
+from transport.codec import JsonValue
+from transport.errors import BusError
+from transport.messages import Ok
+from transport.node import Node
+from transport.pending import Reply, forbid_blocking
+
+log = logging.getLogger(__name__)
+
+HOST_TIMEOUT: Final = 3600.0  # a host call (a tool) may take long; the run's own deadline bounds the caller
+HANDLE_TIMEOUT: Final = 3600.0
+
+__all__ = [
+    "HostActor",
+    "InvalidSessionRequest",
+    "ProviderResume",
+    "RoundCompletion",
+    "RoundPreparation",
+    "SessionControl",
+    "SessionEvent",
+    "SessionHost",
+    "SessionHostError",
+    "SessionLoopActor",
+    "SessionRoundLimitError",
+    "SessionRunRequest",
+    "SessionToolOutcome",
+    "idempotency_key",
+    "is_session_round_limit",
+    "manifest_hash",
+    "run_session",
+    "run_session_future",
+]
+
+# ------------------------------------------------------------------------------------------------ types
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionRunRequest:
+    TAG: ClassVar[str] = "rs.request"
+    user_id: str
+    operation_id: uuid.UUID
+    rounds_used: int
+    round_limit: int = DEFAULT_ROUND_LIMIT
+
+
+class RoundPreparation:
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Run:
+        TAG: ClassVar[str] = "rs.prep.run"
+        prepared: PreparedRound
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Complete:
+        TAG: ClassVar[str] = "rs.prep.complete"
+        answer: str | None
+
+
+class SessionEvent:
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class InferenceSubmitted:
+        TAG: ClassVar[str] = "rs.ev.submitted"
+        round: int
+        manifest_hash: str
+        model: str
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class ProviderInput:
+        TAG: ClassVar[str] = "rs.ev.provider_input"
+        round: int
+        context: ModelContext
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class UsageUpdated:
+        TAG: ClassVar[str] = "rs.ev.usage"
+        round: int
+        usage: TokenUsage
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class ProviderReceipt:
+        TAG: ClassVar[str] = "rs.ev.receipt"
+        round: int
+        usage: TokenUsage | None
+        receipt: UsageReceipt
+        continuation: AgentContinuation | None
+
+
+AnySessionEvent = (
+    SessionEvent.InferenceSubmitted
+    | SessionEvent.ProviderInput
+    | SessionEvent.UsageUpdated
+    | SessionEvent.ProviderReceipt
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionToolOutcome:
+    TAG: ClassVar[str] = "rs.tool_outcome"
+    text: str
+    ok: bool
+    capture: JsonValue | None = None
+    stop: bool = False
+    finish_after_round: bool = False
+    emitted_response: bool = False
+
+    @classmethod
+    def success(cls, text: str) -> SessionToolOutcome:
+        return cls(text=text, ok=True)
+
+    @classmethod
+    def failure(cls, text: str) -> SessionToolOutcome:
+        return cls(text=text, ok=False)
+
+
+class ProviderResume:
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Continue:
+        TAG: ClassVar[str] = "rs.resume.continue"
+        outcome: SessionToolOutcome
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Complete:
+        TAG: ClassVar[str] = "rs.resume.complete"
+        answer: str | None
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class RestartFresh:
+        TAG: ClassVar[str] = "rs.resume.restart_fresh"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundCompletion:
+    TAG: ClassVar[str] = "rs.round_completion"
+    answer: str
+    used_tool: bool
+    finish_requested: bool
+    emitted_response: bool
+
+
+class SessionControl:
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Continue:
+        TAG: ClassVar[str] = "rs.control.continue"
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Complete:
+        TAG: ClassVar[str] = "rs.control.complete"
+        answer: str | None
+
+
+AnyRoundPreparation = RoundPreparation.Run | RoundPreparation.Complete
+AnyProviderResume = ProviderResume.Continue | ProviderResume.Complete | ProviderResume.RestartFresh
+AnySessionControl = SessionControl.Continue | SessionControl.Complete
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+class InvalidSessionRequest(BusError, ValueError):
+    """RS-02/RS-03: a zero limit, or a restored round count above the limit. Not a round-limit error."""
+
+    WIRE = "rs.invalid_request"
+
+
+class SessionRoundLimitError(BusError):
+    """RS-05: the cumulative round limit is exhausted; test with ``is_session_round_limit``."""
+
+    WIRE = "rs.round_limit"
+
+    def __init__(self, message: str = "", *, limit: int, **details: Any) -> None:
+        super().__init__(message or f"the session round limit of {limit} is exhausted", **details)
+        self.limit = limit
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {**self.details, "limit": self.limit}
+
+
+class SessionHostError(BusError):
+    """A failure an application host may raise to abort a run with a typed, wire-stable error."""
+
+    WIRE = "rs.host_error"
+
+
+def is_session_round_limit(error: BaseException | None) -> bool:
+    """RT-13: whether ``error`` or anything in its cause/context chain is a ``SessionRoundLimitError``."""
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, SessionRoundLimitError):
+            return True
+        stack.extend((current.__cause__, current.__context__))
+    return False
+
+
+def manifest_hash(text: str) -> str:
+    """RS-07: lowercase hex SHA-256 over the UTF-8 bytes of ``PreparedRound.input``."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def idempotency_key(operation_id: uuid.UUID, round: int, call_id: str) -> str:
+    return f"{operation_id}:{round}:{call_id}"
+
+
+# ------------------------------------------------------------------------------------------------- host
+
+
+class SessionHost(Protocol):
+    """The application host; every method may also return a ``concurrent.futures.Future`` of its value."""
+
+    def prepare_round(self, round: int) -> Any: ...  # RoundPreparation.* | Future
+    def record(self, event: AnySessionEvent) -> Any: ...  # None | Future
+    def execute_tool(
+        self, call: ToolCall | ToolCallError, provider_operation_id: uuid.UUID
+    ) -> Any: ...  # SessionToolOutcome | Future
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any: ...  # ProviderResume.* | Future
+    def complete_capture(self, capture: JsonValue, contents: str) -> Any: ...  # SessionControl.* | Future
+    def complete_round(self, completion: RoundCompletion) -> Any: ...  # SessionControl.* | Future
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostPrepareRound:
+    TAG: ClassVar[str] = "rs.host.prepare_round"
+    round: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostRecord:
+    TAG: ClassVar[str] = "rs.host.record"
+    event: AnySessionEvent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostExecuteTool:
+    TAG: ClassVar[str] = "rs.host.execute_tool"
+    call_id: str
+    call: ToolCall | ToolCallError
+    provider_operation_id: uuid.UUID
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostPrepareResume:
+    TAG: ClassVar[str] = "rs.host.prepare_resume"
+    outcome: SessionToolOutcome
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCompleteCapture:
+    TAG: ClassVar[str] = "rs.host.complete_capture"
+    capture: JsonValue
+    contents: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCompleteRound:
+    TAG: ClassVar[str] = "rs.host.complete_round"
+    completion: RoundCompletion
+
+
+@dataclass(frozen=True, slots=True)
+class _HostDone:
+    """Local message: a host method's future resolved (sent by its done-callback)."""
+
+    token: int
+    future: concurrent.futures.Future[Any]
+
+
+class HostActor(BusActor):
+    """Serves one application ``SessionHost`` on the bus (one request message per host method)."""
+
+    def __init__(self, node: Node, address: str, *, host: SessionHost) -> None:
+        super().__init__(node, address)
+        self.host = host
+        self._tokens = itertools.count()
+        self._waiting: dict[int, tuple[Context, str | None]] = {}  # token -> (request, idempotency key)
+        self._outcomes: dict[str, SessionToolOutcome] = {}  # idempotency key -> stored tool outcome
+        self._running: dict[str, list[Context]] = {}  # idempotency key -> duplicates waiting for it
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        host = self.host
+        match message:
+            case HostPrepareRound(round=r):
+                return self._result(host.prepare_round(r), ctx)
+            case HostRecord(event=event):
+                return self._result(host.record(event), ctx)
+            case HostExecuteTool(call=call, provider_operation_id=op, idempotency_key=key):
+                if key in self._outcomes:
+                    return self._outcomes[key]  # the effect ran already: never twice
+                if key in self._running:
+                    self._running[key].append(ctx)
+                    return DEFER
+                self._running[key] = []
+                try:
+                    result = host.execute_tool(call, op)
+                except BaseException:
+                    self._running.pop(key, None)
+                    raise
+                return self._result(result, ctx, key)
+            case HostPrepareResume(outcome=outcome):
+                return self._result(host.prepare_provider_resume(outcome), ctx)
+            case HostCompleteCapture(capture=capture, contents=contents):
+                return self._result(host.complete_capture(capture, contents), ctx)
+            case HostCompleteRound(completion=completion):
+                return self._result(host.complete_round(completion), ctx)
+        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+
+    def _result(self, result: Any, ctx: Context, key: str | None = None) -> Any:
+        if isinstance(result, concurrent.futures.Future):
+            token = next(self._tokens)
+            self._waiting[token] = (ctx, key)
+            ref = self.actor_ref
+            result.add_done_callback(lambda fut: ref.tell(_HostDone(token, fut)))
+            return DEFER
+        if key is not None:
+            self._tool_done(key, result, None)
+        return result
+
+    def on_local(self, message: Any) -> Any:
+        if not isinstance(message, _HostDone):
+            return super().on_local(message)
+        ctx, key = self._waiting.pop(message.token)
+        future = message.future
+        error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
+        value = None if error is not None else future.result()
+        if key is not None:
+            self._tool_done(key, value, error)
+        if ctx.done:
+            return None
+        if error is not None:
+            ctx.fail(error)
+        else:
+            ctx.reply(Ok() if value is None else value)
+        return None
+
+    def _tool_done(self, key: str, value: Any, error: BaseException | None) -> None:
+        waiting = self._running.pop(key, [])
+        if error is None:
+            self._outcomes[key] = value
+        for ctx in waiting:
+            if ctx.done:
+                continue
+            if error is not None:
+                ctx.fail(error)
+            else:
+                ctx.reply(value)
+
+
+# ------------------------------------------------------------------------------------------------- loop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSession:
+    TAG: ClassVar[str] = "rs.run"
+    request: SessionRunRequest
+    host: str
+    router: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionResult:
+    TAG: ClassVar[str] = "rs.result"
+    answer: str | None
+
+
+def _note(error: BaseException, accounting: BaseException) -> BaseException:
+    """RS-34: the original error stays; the accounting failure is attached to it."""
+    error.add_note(f"interrupted-call accounting failed as well: {accounting!r}")
+    if error.__context__ is None:
+        error.__context__ = accounting
+    return error
+
+
+class SessionLoopActor(BusActor):
+    """Runs one ``run_session`` (RS-01..RS-37) and stops. Every wait is a continuation (MB-03)."""
+
+    def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
+        super().__init__(node, address)
+        self._handle_timeout = handle_timeout
+        self._ctx: Context | None = None
+        self._request: SessionRunRequest | None = None
+        self._host = ""
+        self._router = ""
+        self._round = 0
+        self._handle: str | None = None
+        self._handle_ref: Any = None
+        self._handle_op: uuid.UUID | None = None
+        self._handles = itertools.count()
+        self._reset_round()
+
+    def _reset_round(self) -> None:
+        self._capture: JsonValue | None = None
+        self._used_tool = False
+        self._finish_requested = False
+        self._emitted_response = False
+
+    # ------------------------------------------------------------------------------------ entry
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if not isinstance(message, RunSession):
+            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        if self._ctx is not None:
+            raise InvalidSessionRequest("this session loop runs one run_session only")
+        request = message.request
+        if request.round_limit <= 0:  # RS-02
+            raise InvalidSessionRequest("round_limit must be at least 1")
+        if request.rounds_used < 0 or request.rounds_used > request.round_limit:  # RS-03
+            raise InvalidSessionRequest(
+                f"rounds_used {request.rounds_used} is outside 0..round_limit {request.round_limit}"
+            )
+        self._ctx, self._request = ctx, request
+        self._host, self._router = message.host, message.router
+        self._select_round(request.rounds_used + 1)  # RS-04
+        return DEFER
+
+    # ------------------------------------------------------------------------------ host / handle
+    def _call_host(self, message: Any, then: Callable[[Any], None]) -> None:
+        """Ask the host; any host error aborts the run (after accounting when a handle is active)."""
+
+        def on_reply(reply: Reply) -> None:
+            if reply.error is not None:
+                self._abort(reply.error)
+            else:
+                then(reply.message)
+
+        self.ask(self._host, message, on_reply, timeout=HOST_TIMEOUT)
+
+    def _record(self, event: AnySessionEvent, then: Callable[[], None]) -> None:
+        self._call_host(HostRecord(event=event), lambda _: then())  # EV-10: awaited
+
+    def _call_handle(self, message: Any, then: Callable[[Reply], None]) -> None:
+        assert self._handle is not None
+        self.ask(self._handle, message, then, timeout=self._handle_timeout)
+
+    # ---------------------------------------------------------------------------------- rounds
+    def _select_round(self, r: int) -> None:
+        request = self._request
+        assert request is not None
+        self._release_handle()
+        if r > request.round_limit:  # RS-05: before prepare_round
+            self._fail(SessionRoundLimitError(limit=request.round_limit))
+            return
+        self._round = r
+        self._reset_round()
+        self._call_host(HostPrepareRound(round=r), self._on_prepared)
+
+    def _on_prepared(self, preparation: Any) -> None:
+        match preparation:
+            case RoundPreparation.Complete(answer=answer):
+                self._succeed(answer)  # RS-06
+            case RoundPreparation.Run(prepared=prepared):
+                submitted = SessionEvent.InferenceSubmitted(
+                    round=self._round, manifest_hash=manifest_hash(prepared.input), model=prepared.model
+                )
+                self._record(submitted, lambda: self._start(prepared))  # RS-07
+            case other:
+                self._fail(SessionHostError(f"prepare_round returned {type(other).__name__}"))
+
+    def _start(self, prepared: PreparedRound) -> None:
+        request = self._request
+        assert request is not None
+        inference = SessionInferenceRequest(
+            user_id=request.user_id, operation_id=request.operation_id, round=self._round, prepared=prepared
+        )  # RS-08: prepared passed through unchanged
+        name = f"{self.name}.inference.{next(self._handles)}"
+        self._handle_ref = self.node.spawn(
+            InferenceHandleActor,
+            name,
+            router=self._router,
+            request=inference,
+            start_timeout=self._handle_timeout,
+        )
+        self._handle = f"{self.node.name}/{name}"
+        self._call_handle(AwaitStarted(), self._on_started)
+
+    def _on_started(self, reply: Reply) -> None:
+        if reply.error is not None:
+            error = reply.error
+            self._release_handle()
+            receipt = error.receipt if isinstance(error, InferenceError) else None
+            if receipt is not None:  # RS-29
+                event = SessionEvent.ProviderReceipt(
+                    round=self._round, usage=None, receipt=receipt, continuation=None
+                )
+                self._record(event, lambda: self._fail(error))
+            else:
+                self._fail(error)
+            return
+        started: InferenceStarted = reply.message
+        self._handle_op = started.operation_id
+        self._next()
+
+    def _next(self) -> None:
+        self._call_handle(NextEvent(), self._on_event)
+
+    def _on_event(self, reply: Reply) -> None:
+        if reply.error is not None:
+            error = reply.error
+            receipt = error.receipt if isinstance(error, InferenceError) else None
+            if receipt is not None:  # RS-30: the attached receipt
+                event = SessionEvent.ProviderReceipt(
+                    round=self._round, usage=None, receipt=receipt, continuation=None
+                )
+                self._record(event, lambda: self._fail(error))
+            else:
+                self._abort(error)
+            return
+        match reply.message:
+            case Ok():  # RS-31: the stream closed without completion
+                self._abort(ProviderEndedError("the provider stream ended without a final answer"))
+            case SessionInferenceEvent.ProviderInput(context=context):  # RS-10
+                self._record(SessionEvent.ProviderInput(round=self._round, context=context), self._next)
+            case SessionInferenceEvent.UsageUpdated(usage=usage):
+                self._record(SessionEvent.UsageUpdated(round=self._round, usage=usage), self._next)
+            case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
+                self._tool(call_id, call)
+            case SessionInferenceEvent.Completed(
+                answer=answer, usage=usage, receipt=receipt, continuation=continuation
+            ):
+                self._release_handle()
+                event = SessionEvent.ProviderReceipt(
+                    round=self._round, usage=usage, receipt=receipt, continuation=continuation
+                )
+                self._record(event, lambda: self._complete_round(answer))  # RS-23
+            case other:
+                self._abort(InferenceError(f"unexpected handle event {type(other).__name__}"))
+
+    # ------------------------------------------------------------------------------------ tools
+    def _tool(self, call_id: str, call: ToolCall | ToolCallError) -> None:
+        request = self._request
+        assert request is not None and self._handle_op is not None
+        self._used_tool = True
+        execute = HostExecuteTool(
+            call_id=call_id,
+            call=call,
+            provider_operation_id=self._handle_op,
+            idempotency_key=idempotency_key(request.operation_id, self._round, call_id),
+        )
+        self._call_host(
+            execute,
+            lambda outcome: self._call_host(
+                HostPrepareResume(outcome=outcome), lambda resume: self._resume(call_id, resume)
+            ),  # RS-13
+        )
+
+    def _resume(self, call_id: str, resume: Any) -> None:
+        match resume:
+            case ProviderResume.Continue(outcome=outcome):  # RS-14
+                if outcome.capture is not None:
+                    self._capture = outcome.capture  # RS-21: the last non-None capture wins
+                self._finish_requested |= outcome.finish_after_round  # RS-22
+                self._emitted_response |= outcome.emitted_response
+                result = ToolResult(success=outcome.ok, output=outcome.text)
+
+                def responded(reply: Reply) -> None:
+                    if reply.error is not None:
+                        self._abort(reply.error)  # RS-33
+                    elif outcome.stop:
+                        self._account(lambda: self._succeed(None), self._fail)  # RS-24
+                    else:
+                        self._next()  # RS-36: the next call only after this one's response
+
+                self._call_handle(Respond(call_id=call_id, result=result), responded)
+            case ProviderResume.Complete(answer=answer):  # RS-15, RS-18, RS-25
+                self._account(lambda: self._succeed(answer), self._fail)
+            case ProviderResume.RestartFresh():  # RS-16, RS-17, RS-20, RS-26
+                self._account(lambda: self._select_round(self._round + 1), self._fail)
+            case other:
+                self._abort(SessionHostError(f"prepare_provider_resume returned {type(other).__name__}"))
+
+    # ------------------------------------------------------------------------------- completion
+    def _complete_round(self, answer: str) -> None:
+        if self._capture is not None:  # RS-21
+            message: Any = HostCompleteCapture(capture=self._capture, contents=answer)
+        else:  # RS-22
+            message = HostCompleteRound(
+                completion=RoundCompletion(
+                    answer=answer,
+                    used_tool=self._used_tool,
+                    finish_requested=self._finish_requested,
+                    emitted_response=self._emitted_response,
+                )
+            )
+        self._call_host(message, self._on_control)
+
+    def _on_control(self, control: Any) -> None:
+        match control:  # RS-27
+            case SessionControl.Continue():
+                self._select_round(self._round + 1)
+            case SessionControl.Complete(answer=answer):
+                self._succeed(answer)
+            case other:
+                self._fail(SessionHostError(f"the completion callback returned {type(other).__name__}"))
+
+    # ------------------------------------------------------------------------------- accounting
+    def _account(self, then: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """finish_unavailable on the active handle, then record its receipt exactly once (EV-09)."""
+        if self._handle is None or self._handle_op is None:
+            then()
+            return
+
+        def accounted(reply: Reply) -> None:
+            error = reply.error
+            receipt = reply.message if error is None else getattr(error, "receipt", None)
+            self._release_handle()
+            if isinstance(receipt, UsageReceipt):
+                event = SessionEvent.ProviderReceipt(
+                    round=self._round, usage=None, receipt=receipt, continuation=None
+                )
+                if error is None:
+                    self._call_host(HostRecord(event=event), lambda _: then())
+                else:
+                    self._call_host(HostRecord(event=event), lambda _: failed(error))
+            elif error is not None:
+                failed(error)
+            else:
+                failed(InferenceError(f"finish_unavailable returned {type(receipt).__name__}"))
+
+        self._call_handle(FinishUnavailable(), accounted)
+
+    def _abort(self, error: BaseException) -> None:
+        """RS-12/RS-30..35: a failure with a live handle accounts for it first, then raises ``error``."""
+        if self._handle is None or self._handle_op is None:
+            self._fail(error)
+            return
+        self._account(lambda: self._fail(error), lambda accounting: self._fail(_note(error, accounting)))
+
+    # ------------------------------------------------------------------------------------ ending
+    def _release_handle(self) -> None:
+        ref, self._handle_ref = self._handle_ref, None
+        self._handle = None
+        self._handle_op = None
+        if ref is not None:
+            ref.stop(block=False)
+
+    def _succeed(self, answer: str | None) -> None:
+        self._release_handle()
+        ctx = self._ctx
+        if ctx is not None and not ctx.done:
+            ctx.reply(SessionResult(answer=answer))
+        self.stop()
+
+    def _fail(self, error: BaseException) -> None:
+        self._release_handle()
+        ctx = self._ctx
+        if ctx is not None and not ctx.done:
+            ctx.fail(error)
+        self.stop()
+
+
+# ------------------------------------------------------------------------------------------------ facade
+
+
+def run_session_future(
+    node: Node,
+    router_address: str,
+    request: SessionRunRequest,
+    host_address: str,
+    *,
+    timeout: float | None = None,
+    loop_on: Node | None = None,
+) -> concurrent.futures.Future[Any]:
+    """Spawn a ``SessionLoopActor`` (on ``loop_on``, default ``node``) and resolve with the final answer."""
+    where = loop_on or node
+    name = f"session.{uuid.uuid4().hex}"
+    where.spawn(SessionLoopActor, name)
+    inner = node.request_future(
+        f"{where.name}/{name}",
+        RunSession(request=request, host=host_address, router=router_address),
+        timeout=timeout,
+    )
+    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(fut: concurrent.futures.Future[Any]) -> None:
+        error = fut.exception()
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(fut.result().answer)
+
+    inner.add_done_callback(done)
+    return outer
+
+
+def run_session(
+    node: Node,
+    router_address: str,
+    request: SessionRunRequest,
+    host_address: str,
+    *,
+    timeout: float | None = None,
+) -> str | None:
+    forbid_blocking("run_session")
+    future = run_session_future(node, router_address, request, host_address, timeout=timeout)
+    return future.result(None if timeout is None else timeout + 1.0)  # type: ignore[no-any-return]
+
+
+SESSION_MESSAGES = (
+    SessionRunRequest,
+    RoundPreparation.Run,
+    RoundPreparation.Complete,
+    SessionEvent.InferenceSubmitted,
+    SessionEvent.ProviderInput,
+    SessionEvent.UsageUpdated,
+    SessionEvent.ProviderReceipt,
+    SessionToolOutcome,
+    ProviderResume.Continue,
+    ProviderResume.Complete,
+    ProviderResume.RestartFresh,
+    RoundCompletion,
+    SessionControl.Continue,
+    SessionControl.Complete,
+    HostPrepareRound,
+    HostRecord,
+    HostExecuteTool,
+    HostPrepareResume,
+    HostCompleteCapture,
+    HostCompleteRound,
+    RunSession,
+    SessionResult,
+)
+SESSION_ERRORS: tuple[type[BusError], ...] = (InvalidSessionRequest, SessionRoundLimitError, SessionHostError)

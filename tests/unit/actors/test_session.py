@@ -1,0 +1,467 @@
+"""run_session over the real Router (scripted provider) and a HostActor around a RecordingHost (RS-*)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.inference import InferenceRuntime, PreparedRound, ProviderEndedError
+from actors.nodes import registry
+from actors.router.actor import RouterActor
+from actors.router.providers.scripted import ScriptedProvider
+from actors.session import (
+    HostActor,
+    HostExecuteTool,
+    HostRecord,
+    InvalidSessionRequest,
+    ProviderResume,
+    RoundCompletion,
+    RoundPreparation,
+    SessionControl,
+    SessionEvent,
+    SessionHostError,
+    SessionRoundLimitError,
+    SessionRunRequest,
+    SessionToolOutcome,
+    idempotency_key,
+    is_session_round_limit,
+)
+from actors.types import ToolCall, ToolCallError
+from transport.errors import BusError
+from transport.messages import Ok
+from transport.node import Node
+
+OP = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
+WAIT = 10.0
+
+
+def prepared(**fields: Any) -> PreparedRound:
+    values: dict[str, Any] = {
+        "input": "FULL",
+        "provider_input": "DELTA",
+        "continuation": None,
+        "model": "scripted",
+        "reasoning_effort": "low",
+        "tool_description": "run an application tool",
+        "timeout": None,
+    }
+    values.update(fields)
+    return PreparedRound(**values)
+
+
+def tool(call_id: str, name: str = "t") -> dict[str, Any]:
+    return {"call": {"name": name, "arguments": {}}, "id": call_id}
+
+
+class RecordingHost:
+    """The application object: every call in one ordered trace, scripted answers."""
+
+    def __init__(self, provider: ScriptedProvider) -> None:
+        self.provider = provider
+        self.trace: list[tuple[Any, ...]] = []
+        self.prepare: Callable[[int], Any] = lambda r: RoundPreparation.Run(prepared=prepared())
+        self.tool: Callable[[Any], Any] = lambda call: SessionToolOutcome.success("tool ok")
+        self.resume: Callable[[SessionToolOutcome], Any] = lambda o: ProviderResume.Continue(outcome=o)
+        self.control: Callable[[], Any] = lambda: SessionControl.Complete(answer="final")
+        self.starts_at_submit: list[int] = []
+        self.fail_on: str | None = None
+
+    def _check(self, name: str) -> None:
+        if self.fail_on == name:
+            raise SessionHostError(f"{name} failed")
+
+    def prepare_round(self, round: int) -> Any:
+        self.trace.append(("prepare_round", round))
+        self._check("prepare_round")
+        return self.prepare(round)
+
+    def record(self, event: Any) -> None:
+        if isinstance(event, SessionEvent.InferenceSubmitted):
+            self.starts_at_submit.append(len(self.provider.turns))
+        self.trace.append(("record", event))
+        self._check("record")
+
+    def execute_tool(self, call: ToolCall | ToolCallError, provider_operation_id: uuid.UUID) -> Any:
+        self.trace.append(("execute_tool", call, provider_operation_id))
+        self._check("execute_tool")
+        return self.tool(call)
+
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any:
+        self.trace.append(("resume", outcome))
+        self._check("resume")
+        return self.resume(outcome)
+
+    def complete_capture(self, capture: Any, contents: str) -> Any:
+        self.trace.append(("complete_capture", capture, contents))
+        return self.control()
+
+    def complete_round(self, completion: RoundCompletion) -> Any:
+        self.trace.append(("complete_round", completion))
+        self._check("complete_round")
+        return self.control()
+
+    # ------------------------------------------------------------------------------ views
+    def names(self) -> list[str]:
+        return [entry[0] if entry[0] != "record" else type(entry[1]).__name__ for entry in self.trace]
+
+    def events(self, kind: type[Any]) -> list[Any]:
+        return [e[1] for e in self.trace if e[0] == "record" and isinstance(e[1], kind)]
+
+    def rounds(self) -> list[int]:
+        return [e[1] for e in self.trace if e[0] == "prepare_round"]
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    return make_node("n1", registry=registry())
+
+
+@pytest.fixture
+def provider() -> ScriptedProvider:
+    return ScriptedProvider()
+
+
+@pytest.fixture
+def runtime(node: Node, provider: ScriptedProvider, tmp_path: Path) -> InferenceRuntime:
+    node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
+    return InferenceRuntime(node, "n1/router", timeout=WAIT)
+
+
+@pytest.fixture
+def host(node: Node, provider: ScriptedProvider) -> RecordingHost:
+    app = RecordingHost(provider)
+    node.spawn(HostActor, "host", host=app)
+    return app
+
+
+def run(runtime: InferenceRuntime, *, rounds_used: int = 0, round_limit: int = 5) -> str | None:
+    request = SessionRunRequest(
+        user_id="u1", operation_id=OP, rounds_used=rounds_used, round_limit=round_limit
+    )
+    return runtime.run_session(request, "n1/host", timeout=WAIT)
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(("used", "limit"), [(0, 0), (6, 5)])
+def test_rs02_rs03_invalid_requests_touch_nothing(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, used: int, limit: int
+) -> None:
+    """RS-02, RS-03: a zero limit or rounds_used > limit → InvalidSessionRequest, empty trace, 0 starts."""
+    with pytest.raises(InvalidSessionRequest) as err:
+        run(runtime, rounds_used=used, round_limit=limit)
+    assert isinstance(err.value, ValueError)
+    assert not is_session_round_limit(err.value)
+    assert host.trace == [] and provider.turns == []
+
+
+# -------------------------------------------------------------------------------------------- rounds
+
+
+def test_rs01_rs04_rs27_rounds_are_cumulative_and_one_inference_each(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-01, RS-04, RS-27: rounds_used=7 → prepare_round(8), Continue → (9), Complete("z") → "z"; one
+    provider turn per round."""
+    controls = iter([SessionControl.Continue(), SessionControl.Complete(answer="z")])
+    host.control = lambda: next(controls)
+    assert run(runtime, rounds_used=7, round_limit=20) == "z"
+    assert host.rounds() == [8, 9]
+    assert len(provider.turns) == 2
+    assert [e.round for e in host.events(SessionEvent.ProviderReceipt)] == [8, 9]
+
+
+def test_rs05_round_limit_before_prepare_round(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-05 (RT-13): rounds_used=3, limit=5, always Continue → rounds 4, 5, then SessionRoundLimitError."""
+    host.control = lambda: SessionControl.Continue()
+    with pytest.raises(SessionRoundLimitError) as err:
+        run(runtime, rounds_used=3, round_limit=5)
+    assert err.value.limit == 5
+    assert is_session_round_limit(err.value)
+    wrapped = RuntimeError("outer")
+    wrapped.__cause__ = err.value
+    assert is_session_round_limit(wrapped)
+    assert not is_session_round_limit(RuntimeError(str(err.value)))  # by type, never by text
+    assert host.rounds() == [4, 5]
+    assert len(provider.turns) == 2
+
+
+def test_rs05_exhausted_at_once(runtime: InferenceRuntime, host: RecordingHost) -> None:
+    """RS-05: rounds_used == round_limit raises at once with 0 host calls."""
+    with pytest.raises(SessionRoundLimitError):
+        run(runtime, rounds_used=5, round_limit=5)
+    assert host.trace == []
+
+
+@pytest.mark.parametrize("answer", ["done", None])
+def test_rs06_complete_at_prepare_round(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, answer: str | None
+) -> None:
+    """RS-06: prepare_round → Complete(answer) returns answer with no provider call."""
+    host.prepare = lambda r: RoundPreparation.Complete(answer=answer)
+    assert run(runtime) == answer
+    assert provider.turns == []
+    assert host.names() == ["prepare_round"]
+
+
+def test_rs07_ev08_inference_submitted_before_the_handle_starts(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-07, EV-08: InferenceSubmitted(round, sha256(input), model) is recorded before the Router start."""
+    host.prepare = lambda r: RoundPreparation.Run(prepared=prepared(input="abc"))
+    assert run(runtime) == "final"
+    (submitted,) = host.events(SessionEvent.InferenceSubmitted)
+    assert submitted.manifest_hash == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert submitted.manifest_hash == hashlib.sha256(b"abc").hexdigest()
+    assert submitted.model == "scripted" and submitted.round == 1
+    assert host.starts_at_submit == [0]  # no turn had started when it was recorded
+    text = str(provider.turns[0].messages)
+    assert "DELTA" in text and "FULL" not in text and "abc" not in text  # RS-08/RS-09: provider_input
+
+
+def test_rs07_failing_submit_record_starts_nothing(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-07, RS-35: if recording InferenceSubmitted fails, 0 router starts and the error propagates."""
+    host.fail_on = "record"
+    with pytest.raises(SessionHostError):
+        run(runtime)
+    assert provider.turns == []
+
+
+def test_rs10_rs23_ev07_events_in_order_and_receipt_once(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-10, RS-22, RS-23, EV-07: IS (PI|UU)* PR, all with the round; receipt before complete_round."""
+    provider.add([{"usage": {"input_tokens": 1, "output_tokens": 1}}, {"text": "body"}])
+    assert run(runtime) == "final"
+    names = host.names()
+    assert names[0] == "prepare_round" and names[1] == "InferenceSubmitted"
+    assert names[-2:] == ["ProviderReceipt", "complete_round"]
+    assert set(names[2:-2]) <= {"ProviderInput", "UsageUpdated"} and "UsageUpdated" in names
+    assert {e[1].round for e in host.trace if e[0] == "record"} == {1}
+    (completion,) = [e[1] for e in host.trace if e[0] == "complete_round"]
+    assert completion == RoundCompletion(
+        answer="body", used_tool=False, finish_requested=False, emitted_response=False
+    )
+
+
+# --------------------------------------------------------------------------------------------- tools
+
+
+def test_rs11_rs13_rs14_rs22_tool_round_continue(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-11, RS-13, RS-14, RS-22, RS-36: valid and invalid calls go to execute_tool; the amended outcome
+    is sent; flags OR'd into the RoundCompletion."""
+    provider.add(
+        [
+            tool("c1"),
+            {"raw_call": {"name": "call_ktool", "arguments": "{bad"}, "id": "c2"},
+            {"text": "after"},
+        ]
+    )
+    amended = iter(
+        [
+            SessionToolOutcome(text="b", ok=False, finish_after_round=True),
+            SessionToolOutcome(text="c", ok=True, emitted_response=True),
+        ]
+    )
+    host.resume = lambda o: ProviderResume.Continue(outcome=next(amended))
+    assert run(runtime) == "final"
+    calls = [e for e in host.trace if e[0] == "execute_tool"]
+    assert isinstance(calls[0][1], ToolCall) and isinstance(calls[1][1], ToolCallError)
+    names = host.names()
+    assert names.index("resume") < names.index("execute_tool", names.index("resume"))  # RS-36
+    assert [e for e in names if e in ("execute_tool", "resume")] == ["execute_tool", "resume"] * 2
+    (completion,) = [e[1] for e in host.trace if e[0] == "complete_round"]
+    assert completion == RoundCompletion(
+        answer="after", used_tool=True, finish_requested=True, emitted_response=True
+    )
+    assert len(host.events(SessionEvent.ProviderReceipt)) == 1
+
+
+def test_rs12_host_tool_error_aborts_after_accounting(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-12, RS-35: execute_tool raises X → run raises X after 1 interrupted ProviderReceipt."""
+    provider.add([tool("c1"), {"text": "never"}])
+    host.fail_on = "execute_tool"
+    with pytest.raises(SessionHostError, match="execute_tool failed"):
+        run(runtime)
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.usage is None and receipt.continuation is None
+    assert "complete_round" not in host.names()
+
+
+def test_rs15_complete_at_the_resume_boundary(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-15, RS-25: Complete(answer) at prepare_provider_resume → no respond, the interrupted call
+    accounted once, answer returned; stop on the original outcome is overridden."""
+    provider.add([tool("c1"), {"text": "never"}])
+    host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True)
+    host.resume = lambda o: ProviderResume.Complete(answer="early")
+    assert run(runtime) == "early"
+    assert host.names()[-2:] == ["resume", "ProviderReceipt"]
+    assert len(host.events(SessionEvent.ProviderReceipt)) == 1
+    assert host.rounds() == [1]
+
+
+def test_rs16_rs19_restart_fresh(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-16, RS-26: RestartFresh → no respond, no complete_round for that round, the receipt
+    recorded once, round r+1 prepared, the outcome's capture/stop not kept."""
+    provider.add([tool("c1"), {"text": "never"}], [{"text": "second"}])
+    host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True, capture={"t": 1})
+    host.resume = lambda o: ProviderResume.RestartFresh()
+    assert run(runtime) == "final"
+    assert host.rounds() == [1, 2]
+    receipts = host.events(SessionEvent.ProviderReceipt)
+    assert [r.round for r in receipts] == [1, 2]
+    assert len({r.receipt.receipt_id for r in receipts}) == 2
+    names = host.names()
+    assert names[names.index("resume") + 1 : names.index("resume") + 3] == [
+        "ProviderReceipt",
+        "prepare_round",
+    ]
+    completions = [e[1] for e in host.trace if e[0] == "complete_round"]
+    assert completions == [
+        RoundCompletion(answer="second", used_tool=False, finish_requested=False, emitted_response=False)
+    ]
+    assert "complete_capture" not in names
+
+
+def test_rs21_capture_goes_to_complete_capture(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-21: a Continue outcome with capture → complete_capture(capture, answer), no complete_round."""
+    provider.add([tool("c1"), {"text": "body"}])
+    host.resume = lambda o: ProviderResume.Continue(
+        outcome=SessionToolOutcome(text="t", ok=True, capture={"t": 1})
+    )
+    host.control = lambda: SessionControl.Complete(answer="captured")
+    assert run(runtime) == "captured"
+    assert ("complete_capture", {"t": 1}, "body") in host.trace
+    assert "complete_round" not in host.names()
+    assert host.names().index("ProviderReceipt") < host.names().index("complete_capture")
+
+
+def test_rs24_stop_after_resumed_response(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-24: Continue(o2 with stop=True) → respond, then accounted; result None, no completion callback."""
+    provider.add([tool("c1"), {"text": "never"}])
+    host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True)
+    assert run(runtime) is None
+    names = host.names()
+    assert "complete_round" not in names and "complete_capture" not in names
+    assert len(host.events(SessionEvent.ProviderReceipt)) == 1
+
+
+def test_rs31_provider_end_accounts_and_raises(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RS-31: the stream closes without an answer → 1 receipt, ProviderEndedError."""
+    provider.add([{"close": True}])
+    with pytest.raises(ProviderEndedError):
+        run(runtime)
+    assert len(host.events(SessionEvent.ProviderReceipt)) == 1
+
+
+@pytest.mark.parametrize("method", ["prepare_round", "resume", "complete_round"])
+def test_rs35_host_errors_abort_the_run(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, method: str
+) -> None:
+    """RS-32, RS-35: a host method raising aborts with that error; receipts == handles started."""
+    provider.add([tool("c1"), {"text": "x"}])
+    host.fail_on = method
+    with pytest.raises(SessionHostError, match=f"{method} failed"):
+        run(runtime)
+    assert len(host.events(SessionEvent.ProviderReceipt)) == len(provider.turns)
+    assert len(host.rounds()) == 1
+
+
+# ---------------------------------------------------------------------------------------- host actor
+
+
+def test_host_actor_idempotent_execute_tool(node: Node, provider: ScriptedProvider) -> None:
+    """Idempotent tool effects: the same key twice → the tool runs once and both get its outcome."""
+    app = RecordingHost(provider)
+    runs: list[Any] = []
+
+    def effect(call: Any) -> SessionToolOutcome:
+        runs.append(call)
+        return SessionToolOutcome.success(f"ran {len(runs)}")
+
+    app.tool = effect
+    node.spawn(HostActor, "host", host=app)
+    key = idempotency_key(OP, 1, "c1")
+    message = HostExecuteTool(
+        call_id="c1", call=ToolCall(name="t", arguments={}), provider_operation_id=OP, idempotency_key=key
+    )
+    first = node.request("n1/host", message, timeout=WAIT)
+    second = node.request("n1/host", message, timeout=WAIT)
+    assert first == second == SessionToolOutcome.success("ran 1")
+    assert len(runs) == 1
+    other = HostExecuteTool(
+        call_id="c2",
+        call=ToolCall(name="t", arguments={}),
+        provider_operation_id=OP,
+        idempotency_key=idempotency_key(OP, 1, "c2"),
+    )
+    assert node.request("n1/host", other, timeout=WAIT) == SessionToolOutcome.success("ran 2")
+
+
+def test_host_actor_future_keeps_record_flowing(node: Node, provider: ScriptedProvider) -> None:
+    """HostFuture: a tool returning a Future is answered later; record is served meanwhile; a duplicate
+    key waits for the same run."""
+    app = RecordingHost(provider)
+    pending: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    runs: list[Any] = []
+
+    def effect(call: Any) -> Any:
+        runs.append(call)
+        return pending
+
+    app.tool = effect
+    node.spawn(HostActor, "host", host=app)
+    message = HostExecuteTool(
+        call_id="c1",
+        call=ToolCall(name="t", arguments={}),
+        provider_operation_id=OP,
+        idempotency_key=idempotency_key(OP, 1, "c1"),
+    )
+    tool_future = node.request_future("n1/host", message, timeout=WAIT)
+    duplicate = node.request_future("n1/host", message, timeout=WAIT)
+    event = SessionEvent.InferenceSubmitted(round=1, manifest_hash="h", model="m")
+    assert isinstance(node.request("n1/host", HostRecord(event=event), timeout=WAIT), Ok)
+    assert not tool_future.done()
+    pending.set_result(SessionToolOutcome.success("late"))
+    assert tool_future.result(WAIT) == duplicate.result(WAIT) == SessionToolOutcome.success("late")
+    assert len(runs) == 1
+
+
+def test_host_actor_future_error_is_the_hosts(node: Node, provider: ScriptedProvider) -> None:
+    """A host future failing with a BusError reaches the caller as that error."""
+    app = RecordingHost(provider)
+    failing: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    app.prepare = lambda r: failing
+    node.spawn(HostActor, "host", host=app)
+    from actors.session import HostPrepareRound
+
+    answer = node.request_future("n1/host", HostPrepareRound(round=1), timeout=WAIT)
+    failing.set_exception(SessionHostError("no"))
+    with pytest.raises(BusError) as err:
+        answer.result(WAIT)
+    assert isinstance(err.value, SessionHostError)
