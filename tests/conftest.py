@@ -135,9 +135,11 @@ def spawn_peer() -> Iterator[Callable[..., PeerProcess]]:
     """Start ``tests/peers/bus_peer.py`` in its own process; ended by its PID in the finaliser."""
     started: list[PeerProcess] = []
 
-    def spawn(*args: str, netns: str | None = None, timeout: float = 20.0) -> PeerProcess:
+    def spawn(
+        *args: str, netns: str | None = None, timeout: float = 20.0, script: Path = PEERS / "bus_peer.py"
+    ) -> PeerProcess:
         # -P: the child must not import modules from its working directory (STYLE.md 3.2).
-        cmd = [sys.executable, "-P", str(PEERS / "bus_peer.py"), "--stdin-lifeline", *args]
+        cmd = [sys.executable, "-P", str(script), "--stdin-lifeline", *args]
         if netns is not None:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         proc = subprocess.Popen(

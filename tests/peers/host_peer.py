@@ -1,0 +1,98 @@
+"""A session host in its own process: a node with a ``HostActor`` wrapping a small scripted application.
+
+The application runs one tool round: round 1 prepares a turn, its tool call is executed (the calculator
+answers 42), the round completes; round 2 completes the session with the final answer. Every call is
+printed as ``CALL <name> <detail>`` so a test can follow the host's side of the protocol.
+Prints ``READY {"endpoints": [...]}`` once bound; serves until SIGTERM or stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import uuid
+from typing import Any
+
+from actors.inference import PreparedRound
+from actors.nodes import registry
+from actors.session import (
+    HostActor,
+    ProviderResume,
+    RoundCompletion,
+    RoundPreparation,
+    SessionControl,
+    SessionToolOutcome,
+)
+from actors.types import ToolCall
+from transport import Node
+
+
+def say(*parts: Any) -> None:
+    print("CALL", *parts, flush=True)
+
+
+class CalculatorApp:
+    """The application object (a SessionHost): one tool, a fixed plan."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def prepare_round(self, round: int) -> Any:
+        say("prepare_round", round)
+        if round > 1:
+            return RoundPreparation.Complete(answer="six times seven is 42")
+        return RoundPreparation.Run(
+            prepared=PreparedRound(
+                input="What is 6*7?",
+                provider_input="What is 6*7?",
+                continuation=None,
+                model="scripted",
+                reasoning_effort="low",
+                tool_description="calc(expression)",
+                timeout=None,
+            )
+        )
+
+    def record(self, event: Any) -> None:
+        say("record", type(event).__name__)
+
+    def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
+        self.runs += 1
+        say("execute_tool", call.name if isinstance(call, ToolCall) else "invalid", self.runs)
+        return SessionToolOutcome.success("42")
+
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any:
+        say("prepare_provider_resume", outcome.text)
+        return ProviderResume.Continue(outcome=outcome)
+
+    def complete_capture(self, capture: Any, contents: str) -> Any:
+        say("complete_capture")
+        return SessionControl.Continue()
+
+    def complete_round(self, completion: RoundCompletion) -> Any:
+        say("complete_round", json.dumps(completion.answer))
+        return SessionControl.Continue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--bind", required=True)
+    ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
+    args = ap.parse_args()
+    node = Node(args.name, bind=[args.bind], registry=registry()).start()
+    node.spawn(HostActor, "host", host=CalculatorApp())
+    print("READY " + json.dumps({"endpoints": list(node.endpoints)}), flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    done.wait()
+    node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
