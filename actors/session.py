@@ -20,6 +20,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
@@ -37,6 +38,7 @@ from actors.inference import (
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
+from actors.outcomes import OutcomeStore
 from actors.types import (
     AgentContinuation,
     ModelContext,
@@ -317,9 +319,14 @@ class _HostDone:
 class HostActor(BusActor):
     """Serves one application ``SessionHost`` on the bus (one request message per host method)."""
 
-    def __init__(self, node: Node, address: str, *, host: SessionHost) -> None:
+    def __init__(
+        self, node: Node, address: str, *, host: SessionHost, outcomes: str | Path | None = None
+    ) -> None:
         super().__init__(node, address)
         self.host = host
+        # Finished tool outcomes survive this process when a file is given (a rerun after a crash must not
+        # run a finished effect again); otherwise they live as long as the actor.
+        self._store = OutcomeStore(outcomes) if outcomes is not None else None
         self._tokens = itertools.count()
         self._waiting: dict[int, tuple[Context, str | None]] = {}  # token -> (request, idempotency key)
         self._outcomes: dict[str, SessionToolOutcome] = {}  # idempotency key -> stored tool outcome
@@ -335,6 +342,11 @@ class HostActor(BusActor):
             case HostExecuteTool(call=call, provider_operation_id=op, idempotency_key=key):
                 if key in self._outcomes:
                     return self._outcomes[key]  # the effect ran already: never twice
+                stored = self._store.get(key) if self._store is not None else None
+                if stored is not None:
+                    outcome = self.node.registry.decode(SessionToolOutcome.TAG, stored)
+                    self._outcomes[key] = outcome
+                    return outcome
                 if key in self._running:
                     self._running[key].append(ctx)
                     return DEFER
@@ -381,9 +393,16 @@ class HostActor(BusActor):
             ctx.reply(Ok() if value is None else value)
         return None
 
+    def on_stop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+        super().on_stop()
+
     def _tool_done(self, key: str, value: Any, error: BaseException | None) -> None:
         waiting = self._running.pop(key, [])
         if error is None:
+            if self._store is not None and isinstance(value, SessionToolOutcome):
+                self._store.put(key, self.node.registry.encode(value))  # durable before anyone hears
             self._outcomes[key] = value
         for ctx in waiting:
             if ctx.done:
@@ -654,10 +673,18 @@ class SessionLoopActor(BusActor):
                 event = SessionEvent.ProviderReceipt(
                     round=self._round, usage=None, receipt=receipt, continuation=None
                 )
-                if error is None:
-                    self._call_host(HostRecord(event=event), lambda _: then())
-                else:
-                    self._call_host(HostRecord(event=event), lambda _: failed(error))
+
+                def recorded(reply: Reply) -> None:
+                    # A host that cannot take the receipt (it died mid-tool) must not hide why the run
+                    # is ending: the accounting error, or the caller's own, is what ``failed`` reports.
+                    if error is not None:
+                        failed(error if reply.error is None else _note(error, reply.error))
+                    elif reply.error is not None:
+                        failed(reply.error)
+                    else:
+                        then()
+
+                self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
             elif error is not None:
                 failed(error)
             else:

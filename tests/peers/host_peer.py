@@ -9,6 +9,7 @@ Prints ``READY {"endpoints": [...]}`` once bound; serves until SIGTERM or stdin 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import signal
 import sys
@@ -77,14 +78,37 @@ class CalculatorApp:
         return SessionControl.Continue()
 
 
+class TwoToolsApp(CalculatorApp):
+    """Two tools per round: ``fast`` answers at once; ``slow`` never finishes when ``hang`` is set (the
+    process is then killed mid-tool). Prints ``EXECUTE <tool>`` each time a tool really runs."""
+
+    def __init__(self, hang: bool) -> None:
+        super().__init__()
+        self.hang = hang
+        self.pending: list[concurrent.futures.Future[Any]] = []
+
+    def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
+        name = call.name if isinstance(call, ToolCall) else "invalid"
+        print("EXECUTE", name, flush=True)
+        if name == "slow" and self.hang:
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self.pending.append(future)  # never resolved: the effect is still running when we die
+            return future
+        return SessionToolOutcome.success(f"{name} done")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
     ap.add_argument("--bind", required=True)
     ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
+    ap.add_argument("--app", choices=("calculator", "two-tools"), default="calculator")
+    ap.add_argument("--hang", action="store_true", help="two-tools: the slow tool never finishes")
+    ap.add_argument("--outcomes", help="durable tool outcomes (SQLite file)")
     args = ap.parse_args()
     node = Node(args.name, bind=[args.bind], registry=registry()).start()
-    node.spawn(HostActor, "host", host=CalculatorApp())
+    app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang)
+    node.spawn(HostActor, "host", host=app, outcomes=args.outcomes)
     print("READY " + json.dumps({"endpoints": list(node.endpoints)}), flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
