@@ -35,6 +35,7 @@ from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.base import ProviderOutcome, TurnIO, TurnRequest
 from actors.router.providers.scripted import ScriptedProvider
+from actors.session import HostActor
 from transport import KeyPair, Node, Security
 from transport.messages import Echo
 
@@ -65,6 +66,46 @@ def bench_script(spec: str) -> list[dict[str, Any]]:
     return step * events
 
 
+class BenchHost:
+    """A zero-latency SessionHost: every round runs one scripted one-event turn until ``rounds``, then
+    completes. Measures the session loop's own cost per round (scripts/bench --only session)."""
+
+    def __init__(self) -> None:
+        from actors.inference import PreparedRound
+
+        self._prepared = PreparedRound(
+            input="events=1 delay=0",
+            provider_input="events=1 delay=0",
+            continuation=None,
+            model="scripted",
+            reasoning_effort="",
+            tool_description="bench",
+            timeout=None,
+        )
+
+    def prepare_round(self, round: int) -> Any:
+        from actors.session import RoundPreparation
+
+        return RoundPreparation.Run(prepared=self._prepared)
+
+    def record(self, event: Any) -> None:
+        return None
+
+    def execute_tool(self, call: Any, provider_operation_id: Any) -> Any:
+        raise RuntimeError("the bench host offers no tools")
+
+    def prepare_provider_resume(self, outcome: Any) -> Any:
+        raise RuntimeError("the bench host offers no tools")
+
+    def complete_capture(self, capture: Any, contents: str) -> Any:
+        raise RuntimeError("the bench host captures nothing")
+
+    def complete_round(self, completion: Any) -> Any:
+        from actors.session import SessionControl
+
+        return SessionControl.Continue()
+
+
 class SinkActor(BusActor):
     """Counts the tells it receives; an ``Echo`` request is answered with ``Echo(seq=count)``."""
 
@@ -83,7 +124,10 @@ class SinkActor(BusActor):
 
 # ------------------------------------------------------------------------------------------ raw servers
 def _in_thread(
-    ctx: zmq.Context[Any], kind: int, endpoint: str, serve: Callable[[zmq.Socket[Any]], None],
+    ctx: zmq.Context[Any],
+    kind: int,
+    endpoint: str,
+    serve: Callable[[zmq.Socket[Any]], None],
     curve_secret: str | None = None,
 ) -> str:
     """Bind a socket inside its own thread (which then owns it) and return the bound endpoint."""
@@ -180,6 +224,7 @@ def main() -> int:
         plain.spawn(EchoActor, "echo")
         plain.spawn(SinkActor, "sink")
         plain.spawn(RouterActor, "router", providers={"scripted": BenchScripted()})
+        plain.spawn(HostActor, "host", host=BenchHost())
         curve = Node(
             "srv", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys, allow={args.allow: "bench"})
         ).start()
