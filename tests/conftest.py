@@ -162,3 +162,78 @@ def spawn_peer() -> Iterator[Callable[..., PeerProcess]]:
         for stream in (peer.proc.stdin, peer.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+@dataclass
+class KbusNode:
+    """A ``kbus node --config FILE`` process: its 'listening' line and everything it printed so far."""
+
+    proc: subprocess.Popen[str]
+    line: str
+    output: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The tcp port of the node's first endpoint (from the 'listening on …' line)."""
+        return int(self.line.split("listening on ")[1].split(";")[0].split(",")[0].rpartition(":")[2])
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM by PID and wait: the node's clean shutdown; returns its exit code. ``output`` is then
+        complete (the reader has seen the end of the pipe)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        if self.pump is not None:
+            self.pump.join(timeout)
+        return code
+
+
+@pytest.fixture
+def kbus_node() -> Iterator[Callable[..., KbusNode]]:
+    """Start ``kbus node --config FILE`` (``-P``, own session) and wait for its 'listening' line; every
+    node still running at the end is ended by its PID (SIGTERM, then SIGKILL)."""
+    started: list[KbusNode] = []
+
+    def start(config: Path, *, env: dict[str, str] | None = None, timeout: float = 60.0) -> KbusNode:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
+        node = KbusNode(proc, "")
+        started.append(node)
+        lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        out = proc.stdout
+        assert out is not None
+
+        def pump() -> None:  # drains the pipe for the node's whole life, so its output never blocks it
+            for text in out:
+                node.output.append(text)
+                lines.put(text)
+            lines.put(None)
+
+        node.pump = threading.Thread(target=pump, daemon=True)
+        node.pump.start()
+        try:
+            first = lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"kbus node {config} not listening within {timeout}s") from None
+        assert first is not None and "listening" in first, (
+            f"kbus node {config} failed: {''.join(node.output)}"
+        )
+        node.line = first
+        return node
+
+    yield start
+    for node in started:
+        try:
+            node.stop(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(timeout=10)
+        if node.proc.stdout is not None:
+            node.proc.stdout.close()

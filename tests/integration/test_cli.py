@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import stat
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import KbusNode
 
 pytestmark = pytest.mark.integration
 
@@ -25,43 +21,12 @@ def kbus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KBUS, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-@pytest.fixture
-def run_node() -> Iterator[Callable[..., tuple[subprocess.Popen[str], str]]]:
-    """Start ``kbus node --config FILE``; wait for its 'listening' line; end it by PID afterwards."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(config: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen(
-            [*KBUS, "node", "--config", str(config), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        assert proc.stdout is not None
-        out = proc.stdout
-        threading.Thread(target=lambda: lines.put(out.readline()), daemon=True).start()
-        line = lines.get(timeout=30)
-        assert "listening" in line, line
-        return proc, line
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
 
 
-def test_node_ping_and_clean_shutdown_over_ipc(ipc_dir: Path, run_node: Callable[..., Any]) -> None:
+def test_node_ping_and_clean_shutdown_over_ipc(ipc_dir: Path, kbus_node: Callable[..., KbusNode]) -> None:
     config = write_config(
         ipc_dir / "n1.toml",
         """
@@ -73,16 +38,14 @@ capture = "n1.buslog"
 type = "echo"
 """,
     )
-    node, _ = run_node(config)
+    node = kbus_node(config)
     ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "3")
     assert ping.returncode == 0, ping.stderr
     assert ping.stdout.count("pong from n1/echo") == 3
     assert "3 sent, 3 answered" in ping.stdout
 
-    os.kill(node.pid, signal.SIGTERM)
-    assert node.wait(timeout=30) == 0
-    assert node.stdout is not None
-    assert "stopped" in node.stdout.read()
+    assert node.stop() == 0
+    assert "stopped" in "".join(node.output)
 
     # The node captured the exchange: readable, one line per record, JSON on request, and verified.
     log_file = ipc_dir / "n1.buslog"
@@ -105,7 +68,9 @@ type = "echo"
     assert "torn" in verified.stdout.lower()
 
 
-def test_ping_over_tcp_with_curve_and_a_refused_key(ipc_dir: Path, run_node: Callable[..., Any]) -> None:
+def test_ping_over_tcp_with_curve_and_a_refused_key(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode]
+) -> None:
     keys = ipc_dir / "keys"
     for name in ("n1", "cli", "stranger"):
         made = kbus("keys", name, "--dir", str(keys))
@@ -124,8 +89,7 @@ allow = [{{ node = "cli", public_key = "{cli_public}" }}]
 type = "echo"
 """,
     )
-    _, line = run_node(config)
-    port = int(line.split("listening on ")[1].split(";")[0].rpartition(":")[2])
+    port = kbus_node(config).port
     ok = kbus(
         "ping",
         f"tcp://127.0.0.1:{port}",

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KbusNode
 
 from actors.inference import (
     HandleTerminated,
@@ -52,48 +47,13 @@ max_input_tokens = 4000
 """
 
 
-@pytest.fixture
-def router_process() -> Iterator[Callable[[Path], str]]:
-    """``kbus node`` with a Router in its own process; returns its 'listening' line; ended by PID."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(config: Path) -> str:
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        out = proc.stdout
-        assert out is not None
-        threading.Thread(target=lambda: lines.put(out.readline()), daemon=True).start()
-        line = lines.get(timeout=60)
-        assert "listening" in line, line
-        return line
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def test_a_tool_call_turn_end_to_end_with_the_router_in_another_process(
-    ipc_dir: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], make_node: Callable[..., Node]
 ) -> None:
     """SI-01/05/06/08/19, RT-09 across processes: events, the call, the answer and the Router's receipt."""
     config = ipc_dir / "router.toml"
     config.write_text(CONFIG)
-    router_process(config)
+    kbus_node(config)
     app = make_node("app", registry=registry())
     # The handle actor reaches the Router through the node's I/O thread: connect before the first turn.
     app.connect(Peer("brain", f"ipc://{ipc_dir}/brain.sock"), wait=20)

@@ -8,18 +8,13 @@ Router process print it.
 from __future__ import annotations
 
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KbusNode
 from peers.llama_server import API_KEY, LlamaServer, start_llama_server
 
 from actors.nodes import registry
@@ -30,12 +25,6 @@ from transport import Node, Peer
 from transport.capture import CaptureWriter, read_log
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class RouterProcess:
-    proc: subprocess.Popen[str]
-    output: list[str] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -52,11 +41,11 @@ def llama() -> Iterator[Callable[[], LlamaServer]]:
 
 
 @pytest.fixture
-def router_node(ipc_dir: Path) -> Iterator[Callable[[str], RouterProcess]]:
-    """``kbus node`` running a Router whose model 'smol' is served by the given base URL."""
-    started: list[RouterProcess] = []
+def router_node(ipc_dir: Path, kbus_node: Callable[..., KbusNode]) -> Callable[[str], KbusNode]:
+    """``kbus node`` running a Router whose model 'smol' is served by the given base URL; the key is only
+    in the environment variable the config names."""
 
-    def start(base_url: str) -> RouterProcess:
+    def start(base_url: str) -> KbusNode:
         config = ipc_dir / "brain.toml"
         config.write_text(f"""
 [node]
@@ -81,53 +70,36 @@ max_input_tokens = 1536
 [actors.router]
 type = "router"
 """)
-        env = {**os.environ, "KBUS_TEST_LAB_KEY": API_KEY}
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
-        )
-        router = RouterProcess(proc)
-        started.append(router)
-        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        out = proc.stdout
-        assert out is not None
+        return kbus_node(config, env={**os.environ, "KBUS_TEST_LAB_KEY": API_KEY})
 
-        def pump() -> None:
-            for line in out:
-                router.output.append(line)
-                lines.put(line)
-
-        threading.Thread(target=pump, daemon=True).start()
-        assert "listening" in lines.get(timeout=60)
-        return router
-
-    yield start
-    for router in started:
-        if router.proc.poll() is None:
-            os.kill(router.proc.pid, signal.SIGTERM)
-            try:
-                router.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(router.proc.pid, signal.SIGKILL)
-                router.proc.wait(timeout=10)
+    return start
 
 
 def client_for(make_node: Callable[..., Node], ipc_dir: Path) -> tuple[Node, RouterClient]:
     capture = CaptureWriter(ipc_dir / "app.buslog", node="app", schema=registry().schema_hash())
-    node = make_node("app", registry=registry(), capture=capture,
-                     peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock")])
+    node = make_node(
+        "app", registry=registry(), capture=capture, peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock")]
+    )
     return node, RouterClient(node, "brain/router", timeout=120)
 
 
 def start(client: RouterClient, text: str, **fields: Any) -> uuid.UUID:
-    spec = StartTurn(user_id="u1", parent_operation_id=uuid.uuid4(), model="smol", input=text,
-                     tool_description="no tools are available; answer in plain text", **fields)
+    spec = StartTurn(
+        user_id="u1",
+        parent_operation_id=uuid.uuid4(),
+        model="smol",
+        input=text,
+        tool_description="no tools are available; answer in plain text",
+        **fields,
+    )
     return client.start_turn(spec).operation_id
 
 
 def test_streamed_turn_through_the_router_and_no_credential_on_the_wire(
-    llama: Callable[[], LlamaServer], router_node: Callable[[str], RouterProcess],
-    make_node: Callable[..., Node], ipc_dir: Path,
+    llama: Callable[[], LlamaServer],
+    router_node: Callable[[str], KbusNode],
+    make_node: Callable[..., Node],
+    ipc_dir: Path,
 ) -> None:
     server = llama()
     router = router_node(server.base_url)
@@ -145,14 +117,15 @@ def test_streamed_turn_through_the_router_and_no_credential_on_the_wire(
     assert client.receipt(op) == receipt
 
     node.stop()  # flushes the client's capture
-    os.kill(router.proc.pid, signal.SIGTERM)
-    assert router.proc.wait(timeout=30) == 0
+    assert router.stop() == 0
     assert_no_credential(ipc_dir, router)
 
 
 def test_server_killed_mid_stream_gives_one_unavailable_receipt_with_the_cause(
-    llama: Callable[[], LlamaServer], router_node: Callable[[str], RouterProcess],
-    make_node: Callable[..., Node], ipc_dir: Path,
+    llama: Callable[[], LlamaServer],
+    router_node: Callable[[str], KbusNode],
+    make_node: Callable[..., Node],
+    ipc_dir: Path,
 ) -> None:
     server = llama()
     router = router_node(server.base_url)
@@ -172,12 +145,11 @@ def test_server_killed_mid_stream_gives_one_unavailable_receipt_with_the_cause(
     assert client.finish_unavailable(op) == receipt  # exactly one receipt, whoever asks again
 
     node.stop()
-    os.kill(router.proc.pid, signal.SIGTERM)
-    assert router.proc.wait(timeout=30) == 0
+    assert router.stop() == 0
     assert_no_credential(ipc_dir, router)
 
 
-def assert_no_credential(ipc_dir: Path, router: RouterProcess) -> None:
+def assert_no_credential(ipc_dir: Path, router: KbusNode) -> None:
     """MB-09: the key appears in no captured frame of either node, and in nothing the Router printed."""
     secret = API_KEY.encode()
     for name in ("brain.buslog", "app.buslog"):

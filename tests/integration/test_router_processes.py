@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KbusNode
 
 from actors.nodes import registry
 from actors.router.client import RouterClient
@@ -38,41 +33,6 @@ provider_model = "scripted-v1"
 context_window = 4096
 max_input_tokens = 4000
 """
-
-
-@pytest.fixture
-def router_process() -> Iterator[Callable[[Path], str]]:
-    """``kbus node`` with a Router in its own process; returns its 'listening' line; ended by PID."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(config: Path) -> str:
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        out = proc.stdout
-        assert out is not None
-        threading.Thread(target=lambda: lines.put(out.readline()), daemon=True).start()
-        line = lines.get(timeout=60)
-        assert "listening" in line, line
-        return line
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def run_tool_turn(client: RouterClient) -> Any:
@@ -102,14 +62,14 @@ def run_tool_turn(client: RouterClient) -> Any:
 
 
 def test_router_in_another_process_over_ipc(
-    ipc_dir: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], make_node: Callable[..., Node]
 ) -> None:
     config = ipc_dir / "router.toml"
     config.write_text(
         '[node]\nname = "brain"\nbind = ["ipc://brain.sock"]\ndata_dir = "data"\n'
         '[actors.router]\ntype = "router"\n' + SCRIPTS
     )
-    router_process(config)
+    kbus_node(config)
     client_node = make_node("app", registry=registry(), peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock")])
     done = run_tool_turn(RouterClient(client_node, "brain/router", timeout=20))
     assert (ipc_dir / "data" / "receipts.sqlite3").exists()
@@ -117,7 +77,7 @@ def test_router_in_another_process_over_ipc(
 
 
 def test_router_in_another_process_over_tcp_with_curve(
-    tmp_path: Path, router_process: Callable[[Path], str], make_node: Callable[..., Node]
+    tmp_path: Path, kbus_node: Callable[..., KbusNode], make_node: Callable[..., Node]
 ) -> None:
     keys = tmp_path / "keys"
     _, server_secret = create_keys(keys, "brain")
@@ -130,7 +90,7 @@ def test_router_in_another_process_over_tcp_with_curve(
         f'allow = [{{ node = "app", public_key = "{client_public}" }}]\n'
         '[actors.router]\ntype = "router"\n' + SCRIPTS
     )
-    line = router_process(config)
+    line = kbus_node(config).line
     port = int(line.split("listening on ")[1].split(";")[0].rpartition(":")[2])
     security = Security(keys=KeyPair.load(client_secret))
     peer = Peer("brain", f"tcp://127.0.0.1:{port}", load_public_key(keys / "brain.key"))

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PEERS, PeerProcess
+from conftest import PEERS, KbusNode, PeerProcess
 
 from actors.nodes import registry
 from actors.session import SessionRunRequest, run_session, run_session_future
@@ -42,51 +38,38 @@ max_input_tokens = 4000
 
 
 def test_run_session_across_three_processes(
-    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node]
+    ipc_dir: Path,
+    spawn_peer: Callable[..., PeerProcess],
+    make_node: Callable[..., Node],
+    kbus_node: Callable[..., KbusNode],
 ) -> None:
     (ipc_dir / "brain.toml").write_text(ROUTER_CONFIG)
-    router = subprocess.Popen(
-        [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(ipc_dir / "brain.toml")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    kbus_node(ipc_dir / "brain.toml")  # the Router, in its own process
+    host = spawn_peer("--name", "app", "--bind", f"ipc://{ipc_dir}/app.sock", script=PEERS / "host_peer.py")
+    loop_node = make_node(
+        "loop",
+        registry=registry(),
+        peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock"), Peer("app", f"ipc://{ipc_dir}/app.sock")],
     )
-    try:
-        assert router.stdout is not None and "listening" in router.stdout.readline()
-        host = spawn_peer(
-            "--name", "app", "--bind", f"ipc://{ipc_dir}/app.sock", script=PEERS / "host_peer.py"
-        )
-        loop_node = make_node(
-            "loop",
-            registry=registry(),
-            peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock"), Peer("app", f"ipc://{ipc_dir}/app.sock")],
-        )
-        for peer in loop_node.peers().values():
-            loop_node.connect(peer, wait=20)
-        request = SessionRunRequest(user_id="u1", operation_id=uuid.uuid4(), rounds_used=0, round_limit=5)
-        answer = run_session(loop_node, "brain/router", request, "app/host", timeout=60)
-        assert answer == "six times seven is 42"
-        # The host's side of the protocol, in order, as its own process saw it.
-        calls = [host.expect_line("CALL", timeout=20) for _ in range(10)]
-        assert calls == [
-            "CALL prepare_round 1",
-            "CALL record InferenceSubmitted",  # recorded before the provider turn started
-            "CALL record ProviderInput",
-            "CALL execute_tool calc 1",  # the parsed call_ktool call; the tool ran once
-            "CALL prepare_provider_resume 42",
-            "CALL record ProviderInput",
-            "CALL record UsageUpdated",
-            "CALL record ProviderReceipt",  # the round's one receipt
-            'CALL complete_round "6*7 = 42"',
-            "CALL prepare_round 2",
-        ]
-    finally:
-        if router.poll() is None:
-            os.kill(router.pid, signal.SIGTERM)
-            router.wait(timeout=30)
-        if router.stdout is not None:
-            router.stdout.close()
+    for peer in loop_node.peers().values():
+        loop_node.connect(peer, wait=20)
+    request = SessionRunRequest(user_id="u1", operation_id=uuid.uuid4(), rounds_used=0, round_limit=5)
+    answer = run_session(loop_node, "brain/router", request, "app/host", timeout=60)
+    assert answer == "six times seven is 42"
+    # The host's side of the protocol, in order, as its own process saw it.
+    calls = [host.expect_line("CALL", timeout=20) for _ in range(10)]
+    assert calls == [
+        "CALL prepare_round 1",
+        "CALL record InferenceSubmitted",  # recorded before the provider turn started
+        "CALL record ProviderInput",
+        "CALL execute_tool calc 1",  # the parsed call_ktool call; the tool ran once
+        "CALL prepare_provider_resume 42",
+        "CALL record ProviderInput",
+        "CALL record UsageUpdated",
+        "CALL record ProviderReceipt",  # the round's one receipt
+        'CALL complete_round "6*7 = 42"',
+        "CALL prepare_round 2",
+    ]
 
 
 TWO_TOOLS = """
@@ -115,7 +98,10 @@ max_input_tokens = 4000
 
 
 def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
-    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node]
+    ipc_dir: Path,
+    spawn_peer: Callable[..., PeerProcess],
+    make_node: Callable[..., Node],
+    kbus_node: Callable[..., KbusNode],
 ) -> None:
     """The host process dies while its second tool runs: the run ends Unavailable (outcome unknown), the
     interrupted turn has exactly one receipt at the Router, and a rerun with the same operation (so the
@@ -124,71 +110,49 @@ def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
     from transport.errors import Unavailable
 
     (ipc_dir / "brain.toml").write_text(TWO_TOOLS)
-    router = subprocess.Popen(
-        [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(ipc_dir / "brain.toml")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    router = kbus_node(ipc_dir / "brain.toml")
+    host_args = (
+        "--name",
+        "app",
+        "--bind",
+        f"ipc://{ipc_dir}/app.sock",
+        "--app",
+        "two-tools",
+        "--outcomes",
+        str(ipc_dir / "outcomes.sqlite3"),
     )
+    host = spawn_peer(*host_args, "--hang", script=PEERS / "host_peer.py")
+    loop_node = make_node(
+        "loop",
+        registry=registry(),
+        peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock"), Peer("app", f"ipc://{ipc_dir}/app.sock")],
+    )
+    for peer in loop_node.peers().values():
+        loop_node.connect(peer, wait=20)
+    request = SessionRunRequest(user_id="u1", operation_id=uuid.uuid4(), rounds_used=0, round_limit=5)
+    future = run_session_future(loop_node, "brain/router", request, "app/host", timeout=60)
+    assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE fast"
+    assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE slow"
+    host.kill()  # SIGKILL by PID, mid-tool
+    with pytest.raises(Unavailable):
+        future.result(60)
+
+    # Exactly one receipt for the interrupted turn, in the Router's durable ledger (read with the
+    # Router stopped; it comes back on the same data directory for the rerun).
+    assert router.stop() == 0
+    ledger = ReceiptLedger(ipc_dir / "data" / "receipts.sqlite3")
     try:
-        assert router.stdout is not None and "listening" in router.stdout.readline()
-        host_args = (
-            "--name",
-            "app",
-            "--bind",
-            f"ipc://{ipc_dir}/app.sock",
-            "--app",
-            "two-tools",
-            "--outcomes",
-            str(ipc_dir / "outcomes.sqlite3"),
-        )
-        host = spawn_peer(*host_args, "--hang", script=PEERS / "host_peer.py")
-        loop_node = make_node(
-            "loop",
-            registry=registry(),
-            peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock"), Peer("app", f"ipc://{ipc_dir}/app.sock")],
-        )
-        for peer in loop_node.peers().values():
-            loop_node.connect(peer, wait=20)
-        request = SessionRunRequest(user_id="u1", operation_id=uuid.uuid4(), rounds_used=0, round_limit=5)
-        future = run_session_future(loop_node, "brain/router", request, "app/host", timeout=60)
-        assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE fast"
-        assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE slow"
-        host.kill()  # SIGKILL by PID, mid-tool
-        with pytest.raises(Unavailable):
-            future.result(60)
-
-        # Exactly one receipt for the interrupted turn, in the Router's durable ledger (read with the
-        # Router stopped; it comes back on the same data directory for the rerun).
-        os.kill(router.pid, signal.SIGTERM)
-        router.wait(timeout=30)
-        ledger = ReceiptLedger(ipc_dir / "data" / "receipts.sqlite3")
-        try:
-            (receipt,) = ledger.for_parent(request.operation_id)
-            assert receipt.status == "interrupted"
-        finally:
-            ledger.close()
-        router = subprocess.Popen(
-            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(ipc_dir / "brain.toml")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        assert router.stdout is not None and "listening" in router.stdout.readline()
-
-        # The rerun: a new host process on the same outcome store, the same operation id and round.
-        host = spawn_peer(*host_args, script=PEERS / "host_peer.py")
-        loop_node.connect(Peer("app", f"ipc://{ipc_dir}/app.sock"), wait=20)
-        loop_node.connect(Peer("brain", f"ipc://{ipc_dir}/brain.sock"), wait=20)
-        answer = run_session(loop_node, "brain/router", request, "app/host", timeout=60)
-        assert answer == "six times seven is 42"  # round 2 of the app completes the session
-        # Only the unfinished tool ran again; the finished one was answered from the store.
-        assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE slow"
+        (receipt,) = ledger.for_parent(request.operation_id)
+        assert receipt.status == "interrupted"
     finally:
-        if router.poll() is None:
-            os.kill(router.pid, signal.SIGTERM)
-            router.wait(timeout=30)
-        if router.stdout is not None:
-            router.stdout.close()
+        ledger.close()
+    router = kbus_node(ipc_dir / "brain.toml")  # the same data directory: the same ledger
+
+    # The rerun: a new host process on the same outcome store, the same operation id and round.
+    host = spawn_peer(*host_args, script=PEERS / "host_peer.py")
+    loop_node.connect(Peer("app", f"ipc://{ipc_dir}/app.sock"), wait=20)
+    loop_node.connect(Peer("brain", f"ipc://{ipc_dir}/brain.sock"), wait=20)
+    answer = run_session(loop_node, "brain/router", request, "app/host", timeout=60)
+    assert answer == "six times seven is 42"  # round 2 of the app completes the session
+    # Only the unfinished tool ran again; the finished one was answered from the store.
+    assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE slow"
