@@ -24,8 +24,9 @@ from typing import Any
 
 from transport.capture import CaptureLog, Record, read_log
 from transport.codec import Registry, decode_header, encode_header
-from transport.envelope import Header, Inbound, Route, node_of
+from transport.envelope import Header, Inbound, Route, new_id, node_of
 from transport.node import BARRIER, Node
+from transport.pending import PendingRequest, current_actor
 
 IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
 
@@ -51,8 +52,21 @@ class ReplayResult:
 class ReplayNode(Node):
     """A node with no sockets: sends are collected for comparison, ids and time come from the log."""
 
-    def __init__(self, name: str, registry: Registry, ids: Callable[[], bytes], clock: Callable[[], float]):
-        super().__init__(name, registry=registry, ids=ids, clock=clock, monotonic=clock)
+    def __init__(
+        self,
+        name: str,
+        registry: Registry,
+        ids: Callable[[], bytes],
+        clock: Callable[[], float],
+        actor: str | None = None,
+    ):
+        # Recorded ids go to the replayed actor's thread only: an actor it spawns (a helper whose own
+        # behaviour is not under test) must not take ids from the recorded sequence.
+        def ids_for_actor() -> bytes:
+            return ids() if actor is None or current_actor() == actor else new_id()
+
+        super().__init__(name, registry=registry, ids=ids_for_actor, clock=clock, monotonic=clock)
+        self.actor = actor
         self.sent: collections.deque[tuple[Header, bytes]] = collections.deque()
         self.clock_values: collections.deque[float] = collections.deque()
         self.effects: collections.deque[tuple[bytes, bytes]] = collections.deque()
@@ -80,10 +94,9 @@ class ReplayNode(Node):
         route: Route | None = None,
     ) -> None:
         if deliver is not None:
-            from transport.pending import PendingRequest
-
             self.pending.add(PendingRequest(header.id, node_of(header.dst), float("inf"), deliver))
-        self.sent.append((header, body))
+        if self.actor is None or header.src == self.actor:
+            self.sent.append((header, body))  # what other (spawned) actors send is not under comparison
 
     def now(self, actor: str) -> float:
         if not self.clock_values:
@@ -134,6 +147,7 @@ class Replay:
             self.registry,
             ids=lambda: recorded_ids.popleft() if recorded_ids else os.urandom(16),
             clock=lambda: self._now,
+            actor=self.actor,
         )
         for r in self.records:
             if r.at == "clock":

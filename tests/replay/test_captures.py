@@ -14,15 +14,31 @@ import pytest
 
 from actors.echo import EchoActor
 from actors.nodes import registry
-from transport.capture import read_log, verify
+from actors.session import SessionLoopActor
+from transport.capture import CaptureLog, read_log, verify
+from transport.codec import decode_header
 from transport.replay import Replay
 
 HERE = Path(__file__).parent
 
-# log file -> (actor address, actor class)
+# log file -> (actor address, or the kind of the request that starts it; actor class)
 CAPTURES: dict[str, tuple[str, Any]] = {
     "echo_exchange.buslog": ("n1/echo", EchoActor),
+    # The session loop's address is made per run: find it as the receiver of the run request.
+    "session_tool_round.buslog": ("kind:rs.run", SessionLoopActor),
+    "session_restart_fresh.buslog": ("kind:rs.run", SessionLoopActor),
+    "session_round_limit.buslog": ("kind:rs.run", SessionLoopActor),
 }
+
+
+def actor_of(log: CaptureLog, spec: str) -> str:
+    if not spec.startswith("kind:"):
+        return spec
+    kind = spec[len("kind:") :]
+    for record in log.records:
+        if record.at == "deliver" and decode_header(record.frames[0]).kind == kind:
+            return record.actor
+    raise AssertionError(f"{log.path}: no actor received {kind}")
 
 
 def test_every_capture_in_the_folder_is_listed() -> None:
@@ -33,8 +49,40 @@ def test_every_capture_in_the_folder_is_listed() -> None:
 def test_capture_replays_with_zero_divergence(name: str) -> None:
     path = HERE / name
     assert verify(path).ok, verify(path).problems
-    address, actor_class = CAPTURES[name]
+    spec, actor_class = CAPTURES[name]
     log = read_log(path)
+    address = actor_of(log, spec)
     result = Replay(log, address, registry()).run(actor_class)
     assert result.delivered > 0
     assert result.compared == sum(1 for r in log.records if r.at == "send" and r.actor == address)
+
+
+def test_a_different_host_answer_diverges_where_the_loop_acts_on_it() -> None:
+    """The session loop really is compared: had the host completed at round 2 instead of running it, the
+    loop would have answered its caller where the log has it recording the next round's submission."""
+    from actors.session import RoundPreparation
+    from transport.capture import Record
+    from transport.codec import encode_header
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "session_round_limit.buslog")
+    address = actor_of(log, "kind:rs.run")
+    prepared = [
+        r
+        for r in log.records
+        if r.actor == address and r.at == "deliver" and decode_header(r.frames[0]).kind == "rs.prep.run"
+    ]
+    target = prepared[1]
+    instead = RoundPreparation.Complete(answer="stop early")
+    header = decode_header(target.frames[0])._replace(kind=instead.TAG)
+    records = tuple(
+        Record(r.n, r.at, r.actor, r.mono_ns, (encode_header(header), reg.encode(instead)), r.hash)
+        if r.n == target.n
+        else r
+        for r in log.records
+    )
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(CaptureLog(log.path, log.header, records, None), address, reg).run(SessionLoopActor)
+    assert err.value.index is not None and err.value.index > target.n
+    assert "header.kind: expected 'rs.host.record', got 'rs.result'" in err.value.diff
