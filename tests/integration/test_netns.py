@@ -246,3 +246,58 @@ def test_a_host_that_drops_off_the_network_is_noticed_by_zmtp_heartbeats(
     assert not isinstance(result, BaseException), result
     assert result.get("error") == "Unavailable", result
     assert result["step"] == "hold"
+
+
+def test_run_session_over_tcp_curve_between_namespaces(
+    netns_pair: NetnsPair,
+    spawn_peer: Callable[..., PeerProcess],
+    make_keys: MakeKeys,
+) -> None:
+    """Issue 5's other-host scenario: the session loop in one namespace; the Router and the host in the
+    other, reached over tcp+CURVE on the veth pair."""
+    server_keys, server_secret = make_keys("app")
+    client_keys, client_secret = make_keys("loop")
+    script = json.dumps(
+        [
+            {"call": {"name": "calc", "arguments": {"expression": "6*7"}}, "id": "call-1"},
+            {"text": "6*7 = 42"},
+        ]
+    )
+    server = spawn_peer(
+        "--name",
+        "app",
+        "--bind",
+        f"tcp://{netns_pair.addr_a}:*",
+        f"--secret-key-file={server_secret}",
+        f"--allow=loop={client_keys.public}",
+        f"--router-script={script}",
+        netns=netns_pair.a,
+        script=PEERS / "host_peer.py",
+    )
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        netns_pair.b,
+        sys.executable,
+        "-P",
+        str(PEERS / "session_client.py"),
+        "--name",
+        "loop",
+        "--server",
+        f"app={server.endpoint}={server_keys.public}",
+        f"--secret-key-file={client_secret}",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert results, f"no RESULT line:\n{out}\n{err}"
+    assert json.loads(results[-1][len("RESULT ") :]) == {"answer": "six times seven is 42"}
+    assert server.expect_line("CALL execute_tool", timeout=10) == "CALL execute_tool calc 1"

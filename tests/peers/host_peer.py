@@ -19,6 +19,8 @@ from typing import Any
 
 from actors.inference import PreparedRound
 from actors.nodes import registry
+from actors.router.actor import RouterActor
+from actors.router.providers.scripted import ScriptedProvider
 from actors.session import (
     HostActor,
     ProviderResume,
@@ -28,7 +30,7 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import ToolCall
-from transport import Node
+from transport import KeyPair, Node, Security
 
 
 def say(*parts: Any) -> None:
@@ -105,10 +107,19 @@ def main() -> int:
     ap.add_argument("--app", choices=("calculator", "two-tools"), default="calculator")
     ap.add_argument("--hang", action="store_true", help="two-tools: the slow tool never finishes")
     ap.add_argument("--outcomes", help="durable tool outcomes (SQLite file)")
+    ap.add_argument("--secret-key-file", help="this node's CURVE secret key (tcp)")
+    ap.add_argument("--allow", action="append", default=[], help="NODE=Z85KEY allowed to connect")
+    ap.add_argument("--router-script", help="also run a Router here, its scripted provider's script (JSON)")
     args = ap.parse_args()
-    node = Node(args.name, bind=[args.bind], registry=registry()).start()
+    keys = KeyPair.load(args.secret_key_file) if args.secret_key_file else None
+    allow = {key: name for name, key in (a.split("=", 1) for a in args.allow)}
+    node = Node(args.name, bind=[args.bind], registry=registry(), security=Security(keys=keys, allow=allow))
+    node.start()
     app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang)
     node.spawn(HostActor, "host", host=app, outcomes=args.outcomes)
+    if args.router_script:
+        provider = ScriptedProvider([json.loads(args.router_script)])
+        node.spawn(RouterActor, "router", providers={"scripted": provider})
     print("READY " + json.dumps({"endpoints": list(node.endpoints)}), flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
