@@ -432,7 +432,10 @@ class SessionResult:
 
 def _note(error: BaseException, accounting: BaseException) -> BaseException:
     """RS-34: the original error stays; the accounting failure is attached to it."""
-    error.add_note(f"interrupted-call accounting failed as well: {accounting!r}")
+    note = f"interrupted-call accounting failed as well: {accounting!r}"[:1000]
+    error.add_note(note)
+    if isinstance(error, BusError):
+        error.details["accounting_error"] = note  # notes do not cross the bus; wire fields do
     if error.__context__ is None:
         error.__context__ = accounting
     return error
@@ -545,10 +548,7 @@ class SessionLoopActor(BusActor):
             self._release_handle()
             receipt = error.receipt if isinstance(error, InferenceError) else None
             if receipt is not None:  # RS-29
-                event = SessionEvent.ProviderReceipt(
-                    round=self._round, usage=None, receipt=receipt, continuation=None
-                )
-                self._record(event, lambda: self._fail(error))
+                self._record_and_fail(error, receipt)
             else:
                 self._fail(error)
             return
@@ -564,10 +564,7 @@ class SessionLoopActor(BusActor):
             error = reply.error
             receipt = error.receipt if isinstance(error, InferenceError) else None
             if receipt is not None:  # RS-30: the attached receipt
-                event = SessionEvent.ProviderReceipt(
-                    round=self._round, usage=None, receipt=receipt, continuation=None
-                )
-                self._record(event, lambda: self._fail(error))
+                self._record_and_fail(error, receipt)
             else:
                 self._abort(error)
             return
@@ -619,7 +616,11 @@ class SessionLoopActor(BusActor):
                 result = ToolResult(success=outcome.ok, output=outcome.text)
 
                 def responded(reply: Reply) -> None:
-                    if reply.error is not None:
+                    receipt = getattr(reply.error, "receipt", None)
+                    if isinstance(receipt, UsageReceipt):  # RS-33: the turn ended at the Router
+                        assert reply.error is not None
+                        self._record_and_fail(reply.error, receipt)
+                    elif reply.error is not None:
                         self._abort(reply.error)  # RS-33
                     elif outcome.stop:
                         self._account(lambda: self._succeed(None), self._fail)  # RS-24
@@ -692,6 +693,19 @@ class SessionLoopActor(BusActor):
 
         self._call_handle(FinishUnavailable(), accounted)
 
+    def _record_and_fail(self, error: BaseException, receipt: UsageReceipt) -> None:
+        """RS-29/30/33: an error's attached receipt is recorded once, then that error is raised, with a
+        failing record attached to it (RS-34), never in its place."""
+        self._release_handle()  # the handle is terminal: its receipt is the one attached
+        event = SessionEvent.ProviderReceipt(
+            round=self._round, usage=None, receipt=receipt, continuation=None
+        )
+
+        def recorded(reply: Reply) -> None:
+            self._fail(error if reply.error is None else _note(error, reply.error))
+
+        self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
+
     def _abort(self, error: BaseException) -> None:
         """RS-12/RS-30..35: a failure with a live handle accounts for it first, then raises ``error``."""
         if self._handle is None or self._handle_op is None:
@@ -748,6 +762,8 @@ def run_session_future(
     def done(fut: concurrent.futures.Future[Any]) -> None:
         error = fut.exception()
         if error is not None:
+            if isinstance(error, BusError) and "accounting_error" in error.details:
+                error.add_note(str(error.details["accounting_error"]))  # RS-34, rebuilt from the wire
             outer.set_exception(error)
         else:
             outer.set_result(fut.result().answer)
