@@ -36,6 +36,7 @@ else:
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_CLOSE_LINGER_MS = 500
 
 
 def sibling_endpoint(endpoint: str, node: str, actor: str) -> str | None:
@@ -195,7 +196,9 @@ class SocketInbox:
         self._closed = True
         self._node.publish_direct(self._actor, ())
         if self._sock is not None:
-            self._sock.close(0)
+            # A short linger: replies sent just before closing (an actor answering its deferred requests
+            # as it stops) still leave; with linger 0 libzmq would drop them with the socket.
+            self._sock.close(linger=_CLOSE_LINGER_MS)
             self._sock = None
 
 

@@ -237,15 +237,21 @@ class Channel:
     def next_reply(self, header: Header, deadline: float) -> tuple[Header, bytes]:
         """The next reply (partial or final) to ``header``; other frames are dropped and counted."""
         sock = self.sock
+        dropped = False
         while True:
             # Fast path: the reply is usually already there, or the socket alone tells us when it is.
             if not readable(sock):
+                if dropped:
+                    # Disconnected, and nothing that arrived before it is left to read: the outcome is
+                    # unknown. (A reply sent just before the peer closed is read first, never lost.)
+                    raise Unavailable(f"{self.peer.name} disconnected with {header.kind} in flight")
                 left = deadline - self._monotonic()
                 if left <= 0:
                     raise Expired(f"{header.kind} to {header.dst}: no reply within the deadline")
                 events = dict(self._poller.poll(max(1, int(left * 1000))))
                 if self.monitor in events and self._monitor():
-                    raise Unavailable(f"{self.peer.name} disconnected with {header.kind} in flight")
+                    dropped = True
+                    continue
                 if sock not in events:
                     continue
             parts = recv_frames(sock)
