@@ -45,6 +45,7 @@ from actors.router.messages import FinishUnavailable as RouterFinishUnavailable
 from actors.types import (
     AgentContinuation,
     ModelContext,
+    ReceiptError,
     ResolvedAgentModel,
     TokenUsage,
     ToolCall,
@@ -192,25 +193,10 @@ class Close:
 # ---------------------------------------------------------------------------------------------- errors
 
 
-class InferenceError(BusError):
+class InferenceError(ReceiptError):
     """A provider start or stream error; ``__cause__`` is the Router's error, ``receipt`` its receipt."""
 
     WIRE = "si.inference"
-
-    def __init__(self, message: str = "", *, receipt: UsageReceipt | None = None, **details: Any) -> None:
-        super().__init__(message, **details)
-        self.receipt = receipt
-
-    def wire_fields(self) -> dict[str, Any]:
-        return {**self.details, "receipt": self.receipt}
-
-    @classmethod
-    def from_wire(cls, message: str, fields: Mapping[str, Any]) -> BusError:
-        fields = dict(fields)
-        receipt = fields.pop("receipt", None)
-        if receipt is not None and not isinstance(receipt, UsageReceipt):
-            raise ValueError("receipt is not a UsageReceipt")
-        return cls(message, receipt=receipt, **fields)
 
 
 class InferenceTimeout(InferenceError):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from transport.codec import JsonValue
+from transport.errors import BusError
 
 CALL_KTOOL = "call_ktool"  # the one native tool every provider path declares (RT-04)
 
@@ -150,6 +152,29 @@ class ToolCall:
     TAG: ClassVar[str] = "agent.tool_call"
     name: str
     arguments: dict[str, JsonValue] = field(default_factory=dict)
+
+
+class ReceiptError(BusError):
+    """A failure that may carry the canonical receipt of the turn it ended (a Router or handle error).
+
+    Not on the wire itself: subclasses with their own ``WIRE`` names are. The receipt travels in the
+    error's fields and comes back as the same ``UsageReceipt``.
+    """
+
+    def __init__(self, message: str = "", *, receipt: UsageReceipt | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.receipt = receipt
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {**self.details, "receipt": self.receipt}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: Mapping[str, Any]) -> BusError:
+        fields = dict(fields)
+        receipt = fields.pop("receipt", None)
+        if receipt is not None and not isinstance(receipt, UsageReceipt):
+            raise ValueError("receipt is not a UsageReceipt")
+        return cls(message, receipt=receipt, **fields)
 
 
 AGENT_TYPES = (

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from actors.types import (
     AgentContinuation,
     ModelContext,
+    ReceiptError,
     ResolvedAgentModel,
     TokenUsage,
     ToolCallError,
@@ -172,28 +172,14 @@ class TurnEventBatch:
     TAG: ClassVar[str] = "router.ev.batch"
     events: tuple[TurnInput | TurnTextDelta | TurnUsage | TurnToolCall, ...]
 
+
 # ------------------------------------------------------------------------------------------------- errors
 
 
-class RouterError(BusError):
+class RouterError(ReceiptError):
     """A Router failure. ``receipt`` is the canonical receipt the Router attached, if it issued one."""
 
     WIRE = "router"
-
-    def __init__(self, message: str = "", *, receipt: UsageReceipt | None = None, **details: Any) -> None:
-        super().__init__(message, **details)
-        self.receipt = receipt
-
-    def wire_fields(self) -> dict[str, Any]:
-        return {**self.details, "receipt": self.receipt}
-
-    @classmethod
-    def from_wire(cls, message: str, fields: Mapping[str, Any]) -> BusError:
-        fields = dict(fields)
-        receipt = fields.pop("receipt", None)
-        if receipt is not None and not isinstance(receipt, UsageReceipt):
-            raise ValueError("receipt is not a UsageReceipt")
-        return cls(message, receipt=receipt, **fields)
 
 
 class TurnNotFound(RouterError):
