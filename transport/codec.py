@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin, get_t
 
 import msgpack
 
-from transport.envelope import FLOWS, FORMAT_VERSION, Header, is_address, is_node_name
+from transport.envelope import FLOWS, FORMAT_VERSION, Header, is_address
 from transport.errors import (
     BusError,
     ErrorRegistry,
@@ -515,11 +515,6 @@ def _dict_of(item: Converter) -> Converter:
 
     return convert
 
-
-def check_node_name(name: str) -> str:
-    if not is_node_name(name):
-        raise ValueError(f"not a node name: {name!r}")
-    return name
 
 
 def decode_for_display(frame: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> Any:
