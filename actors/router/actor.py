@@ -28,6 +28,7 @@ from actors.router.ledger import ReceiptLedger
 from actors.router.messages import (
     TERMINAL_EVENTS,
     CancelOperation,
+    CountTokens,
     FinishUnavailable,
     GetReceipt,
     InvalidCallId,
@@ -40,6 +41,8 @@ from actors.router.messages import (
     RouterError,
     StartTurn,
     StreamTurnEvents,
+    SubmitInput,
+    TokenCount,
     TurnCancelled,
     TurnClosed,
     TurnCompleted,
@@ -66,6 +69,7 @@ from actors.router.providers.base import (
     ToolSpec,
     TurnRequest,
     UsageUpdate,
+    estimate_tokens,
 )
 from actors.router.providers.base import (
     TurnCancelled as ProviderTurnCancelled,
@@ -116,6 +120,13 @@ class _TimedOut:
     operation_id: uuid.UUID
 
 
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    ctx: Context
+    counts: tuple[int, ...] | None
+    error: BaseException | None
+
+
 class _WorkerIO:
     """The provider's view of its turn (TurnIO): runs on the worker thread, talks by telling the Router."""
 
@@ -125,6 +136,16 @@ class _WorkerIO:
         self.cancelled = threading.Event()
         self._results: queue.SimpleQueue[tuple[str, ToolResult] | None] = queue.SimpleQueue()
         self._early: dict[str, ToolResult] = {}
+        # Set by SubmitInput on the Router's thread before the RespondCall that resumes the worker; the
+        # result queue orders the two, so the worker sees it once its wait_result returns.
+        self._next_input: str | None = None
+
+    def submit_input(self, text: str) -> None:
+        self._next_input = text
+
+    def take_input(self) -> str | None:
+        text, self._next_input = self._next_input, None
+        return text
 
     def emit(self, event: ProviderEvent) -> None:
         self._router.tell(_Emitted(self._op, event))
@@ -242,6 +263,14 @@ class RouterActor(BusActor):
                 return self._finish_unavailable(op)
             case CancelOperation(operation_id=op):
                 return OperationsCancelled(operation_ids=tuple(self._cancel(op)))
+            case SubmitInput(operation_id=op, input=text):
+                turn = self._turn(op)
+                if turn.done:
+                    raise TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
+                turn.io.submit_input(text)
+                return None
+            case CountTokens(model=model, texts=texts):
+                return self._count(model, texts, ctx)
             case GetReceipt(operation_id=op):
                 receipt = self._receipt_of(op)
                 if receipt is None:
@@ -268,6 +297,11 @@ class RouterActor(BusActor):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     self._on_finished(turn, outcome, error)
+            case _Counted(ctx=ctx, counts=counts, error=error):
+                if error is not None:
+                    ctx.fail(error)
+                else:
+                    ctx.reply(TokenCount(counts=counts or (), exact=True))
             case _TimedOut(operation_id=op):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
@@ -321,6 +355,28 @@ class RouterActor(BusActor):
             turn.timer.daemon = True
             turn.timer.start()
         return TurnStarted(operation_id=op, model=resolved)
+
+    def _count(self, model: str, texts: tuple[str, ...], ctx: Context) -> Any:
+        """The provider's tokenizer counts on a thread of their own (it may load a model file first), and
+        the answer comes back through this mailbox; without a tokenizer, the conservative estimate."""
+        _, _, provider_entry = self.catalog.resolve(model)
+        counter = getattr(self._provider(provider_entry), "count_tokens", None)
+        if counter is None:
+            return TokenCount(counts=tuple(estimate_tokens(t) for t in texts), exact=False)
+        ref = self.actor_ref
+
+        def work() -> None:
+            try:
+                counts = tuple(int(n) for n in counter(texts))
+            except Exception as exc:  # noqa: BLE001 - reported to the caller as a typed error
+                error = ProviderFailed(f"counting tokens failed: {exc}"[:500], kind="failed")
+                error.__cause__ = exc
+                _tell_quietly(ref, _Counted(ctx, None, error))
+            else:
+                _tell_quietly(ref, _Counted(ctx, counts, None))
+
+        threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
+        return DEFER
 
     def _messages(self, spec: StartTurn) -> tuple[ChatMessage, ...]:
         messages: list[ChatMessage] = []

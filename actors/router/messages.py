@@ -101,6 +101,34 @@ class OperationsCancelled:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitInput:
+    """The complete input of a turn's next provider request, replacing the conversation so far (a fresh-
+    context subagent re-renders its whole projection before each request: RULES.md SA model, D-11).
+    Send it before the ``RespondCall`` that resumes the provider; it applies to that resumption."""
+
+    TAG: ClassVar[str] = "router.submit_input"
+    operation_id: uuid.UUID
+    input: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountTokens:
+    """How many tokens each text is for ``model``: the provider's own tokenizer where it has one, else a
+    conservative estimate (``exact=False``; see ``providers.base.estimate_tokens``)."""
+
+    TAG: ClassVar[str] = "router.count_tokens"
+    model: str
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenCount:
+    TAG: ClassVar[str] = "router.token_count"
+    counts: tuple[int, ...]
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetReceipt:
     TAG: ClassVar[str] = "router.get_receipt"
     operation_id: uuid.UUID
@@ -225,6 +253,9 @@ ROUTER_MESSAGES = (
     CancelOperation,
     OperationsCancelled,
     GetReceipt,
+    SubmitInput,
+    CountTokens,
+    TokenCount,
     TurnInput,
     TurnTextDelta,
     TurnUsage,

@@ -172,3 +172,31 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count for a provider without a tokenizer: four ASCII characters per token,
+    and every byte of a non-ASCII character its own token (a byte-level BPE never needs more than one
+    token per byte, while CJK text runs at one to three tokens per character, far above 4 characters
+    per token)."""
+    ascii_chars = sum(1 for c in text if c < "\x80")
+    return -(-ascii_chars // 4) + len(text.encode("utf-8")) - ascii_chars
+
+
+def replaced_input(io: object) -> str | None:
+    """The complete input the caller submitted for the turn's next request (Router ``SubmitInput``), if
+    any; taken once. A provider then sends that input instead of appending the call and its result."""
+    take = getattr(io, "take_input", None)
+    text = take() if callable(take) else None
+    return text if isinstance(text, str) else None
+
+
+def resumed(
+    io: object, messages: Sequence[ChatMessage], appended: Sequence[ChatMessage]
+) -> list[ChatMessage]:
+    """The conversation of the next request after tool results: ``appended`` added natively, or the
+    system messages and the re-rendered input when the caller replaced it."""
+    replaced = replaced_input(io)
+    if replaced is None:
+        return [*messages, *appended]
+    return [*(m for m in messages if m.role == "system"), ChatMessage("user", replaced)]

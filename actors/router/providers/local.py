@@ -77,6 +77,7 @@ from actors.router.providers.base import (
     TurnRequest,
     UsageUpdate,
     model_context,
+    resumed,
 )
 from actors.types import TokenUsage
 
@@ -244,6 +245,9 @@ class LocalProvider:
         }
         self._lock = threading.Lock()  # guards _llama, _closed and every use of the model
         self._llama: Llama | None = None
+        # The tokenizer: a vocabulary-only instance of its own, so counting never waits for a generation.
+        self._vocab_lock = threading.Lock()
+        self._vocab: Llama | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -256,6 +260,21 @@ class LocalProvider:
             if self._llama is not None:
                 self._llama.close()
                 self._llama = None
+        with self._vocab_lock:
+            if self._vocab is not None:
+                self._vocab.close()
+                self._vocab = None
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each text's length in the model's own tokens (no BOS, special tokens read as plain text)."""
+        with self._vocab_lock:
+            if self._closed:
+                raise ProviderError("unavailable", "the local provider is closed")
+            if self._vocab is None:
+                path = self._model_path or default_model_path()
+                self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            vocab = self._vocab
+            return [len(vocab.tokenize(t.encode("utf-8"), add_bos=False, special=False)) for t in texts]
 
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
         settings = {**self._defaults, **request.options}
@@ -281,8 +300,14 @@ class LocalProvider:
                 result = io.wait_result(call.call_id)
             except TurnCancelled as exc:
                 raise ProviderError("cancelled", "turn cancelled", started=True) from exc
-            messages.append(ChatMessage("assistant", "", tool_calls=(call,)))
-            messages.append(ChatMessage("tool", result.output, tool_call_id=call.call_id))
+            messages = resumed(
+                io,
+                messages,
+                (
+                    ChatMessage("assistant", "", tool_calls=(call,)),
+                    ChatMessage("tool", result.output, tool_call_id=call.call_id),
+                ),
+            )
             mode = after_call
 
     def _request(

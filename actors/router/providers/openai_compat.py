@@ -64,6 +64,7 @@ from actors.router.providers.base import (
     TurnRequest,
     UsageUpdate,
     model_context,
+    resumed,
 )
 from actors.types import TokenUsage
 
@@ -254,10 +255,16 @@ class OpenAIProvider:
                     results.append(io.wait_result(call.call_id))
                 except TurnCancelled as exc:
                     raise ProviderError("cancelled", "turn cancelled", started=True) from exc
-            messages.append(ChatMessage("assistant", reply.text, tool_calls=reply.calls))
-            messages.extend(
-                ChatMessage("tool", result.output, tool_call_id=call.call_id)
-                for call, result in zip(reply.calls, results, strict=True)
+            messages = resumed(
+                io,
+                messages,
+                (
+                    ChatMessage("assistant", reply.text, tool_calls=reply.calls),
+                    *(
+                        ChatMessage("tool", result.output, tool_call_id=call.call_id)
+                        for call, result in zip(reply.calls, results, strict=True)
+                    ),
+                ),
             )
             choice = _tool_choice(settings["tool_choice_after_call"])
 

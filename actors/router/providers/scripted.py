@@ -14,7 +14,8 @@ hold them)::
     {"close": true}                          end the stream without a final answer
 
 The answer is the concatenated text after the last tool call. ``ScriptedProvider.turns`` records every
-request it received, for assertions.
+request it received, ``inputs`` every complete input submitted (the first request's and each re-rendered
+one, Router ``SubmitInput``), and ``results`` every tool result it waited for, for assertions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from actors.router.providers.base import (
+    ChatMessage,
     NativeToolCall,
     ProviderError,
     ProviderOutcome,
@@ -37,8 +39,9 @@ from actors.router.providers.base import (
     TurnRequest,
     UsageUpdate,
     model_context,
+    replaced_input,
 )
-from actors.types import CALL_KTOOL, TokenUsage
+from actors.types import CALL_KTOOL, TokenUsage, ToolResult
 
 Step = Mapping[str, Any]
 
@@ -63,6 +66,8 @@ class ScriptedProvider:
         self._default = default if default is not None else [{"text": "ok"}]
         self._sleep = sleep
         self.turns: list[TurnRequest] = []
+        self.inputs: list[str] = []
+        self.results: list[tuple[str, ToolResult]] = []
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ScriptedProvider:
@@ -81,6 +86,7 @@ class ScriptedProvider:
             script = self._scripts.popleft()
         except IndexError:
             script = self._default
+        self.inputs.append(request.messages[-1].content if request.messages else "")
         io.emit(Submitted(model_context(request)))
         text: list[str] = []
         usage: TokenUsage | None = None
@@ -101,11 +107,16 @@ class ScriptedProvider:
                 io.emit(ToolCallRequested(call))
                 produced = True
                 try:
-                    io.wait_result(call.call_id)
+                    self.results.append((call.call_id, io.wait_result(call.call_id)))
                 except TurnCancelled:
                     raise ProviderError("cancelled", "turn cancelled", started=True) from None
                 text.clear()  # the answer is what follows the last tool call
-                io.emit(Submitted(model_context(request, continued=True)))
+                replaced = replaced_input(io)
+                if replaced is None:
+                    io.emit(Submitted(model_context(request, continued=True)))
+                else:
+                    self.inputs.append(replaced)
+                    io.emit(Submitted(model_context(request, [ChatMessage("user", replaced)])))
             elif "usage" in step:
                 usage = TokenUsage(**dict(step["usage"]))
                 io.emit(UsageUpdate(usage))
