@@ -814,3 +814,34 @@ class InferenceRuntime:
         from actors.session import run_session
 
         return run_session(self.node, self.router_address, request, host, timeout=timeout)
+
+    def run_future(
+        self,
+        request: Any,
+        host: str,
+        *,
+        timeout: float | None = None,
+        protocol_reserve_tokens: int | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """The single-turn subagent run (actors/subagent.py) against the ``Host`` actor at ``host``."""
+        from actors.subagent import PROTOCOL_RESERVE_TOKENS, run_future
+
+        reserve = PROTOCOL_RESERVE_TOKENS if protocol_reserve_tokens is None else protocol_reserve_tokens
+        return run_future(
+            self.node, self.router_address, request, host, timeout=timeout, protocol_reserve_tokens=reserve
+        )
+
+    def run(
+        self,
+        request: Any,
+        host: str,
+        *,
+        timeout: float | None = None,
+        protocol_reserve_tokens: int | None = None,
+    ) -> Any:
+        from actors.subagent import PROTOCOL_RESERVE_TOKENS, run
+
+        reserve = PROTOCOL_RESERVE_TOKENS if protocol_reserve_tokens is None else protocol_reserve_tokens
+        return run(
+            self.node, self.router_address, request, host, timeout=timeout, protocol_reserve_tokens=reserve
+        )

@@ -12,6 +12,7 @@ from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
 from actors.router.messages import ROUTER_ERRORS, ROUTER_MESSAGES
 from actors.session import SESSION_ERRORS, SESSION_MESSAGES
+from actors.subagent import SUBAGENT_ERRORS, SUBAGENT_MESSAGES
 from actors.types import AGENT_TYPES
 from config import ConfigError, Settings
 from transport.capture import CaptureWriter
@@ -44,6 +45,7 @@ ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
 
 MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES, *SESSION_MESSAGES)
 ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS, *SESSION_ERRORS)
+MESSAGES, ERRORS = (*MESSAGES, *SUBAGENT_MESSAGES), (*ERRORS, *SUBAGENT_ERRORS)  # the subagent run's table
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:
