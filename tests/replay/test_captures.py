@@ -15,6 +15,7 @@ import pytest
 from actors.echo import EchoActor
 from actors.nodes import registry
 from actors.session import SessionLoopActor
+from actors.subagent import SubagentRunActor
 from transport.capture import CaptureLog, read_log, verify
 from transport.codec import decode_header
 from transport.replay import Replay
@@ -28,6 +29,7 @@ CAPTURES: dict[str, tuple[str, Any]] = {
     "session_tool_round.buslog": ("kind:rs.run", SessionLoopActor),
     "session_restart_fresh.buslog": ("kind:rs.run", SessionLoopActor),
     "session_round_limit.buslog": ("kind:rs.run", SessionLoopActor),
+    "subagent_run.buslog": ("kind:sa.run", SubagentRunActor),
 }
 
 
@@ -86,3 +88,34 @@ def test_a_different_host_answer_diverges_where_the_loop_acts_on_it() -> None:
         Replay(CaptureLog(log.path, log.header, records, None), address, reg).run(SessionLoopActor)
     assert err.value.index is not None and err.value.index > target.n
     assert "header.kind: expected 'rs.host.record', got 'rs.result'" in err.value.diff
+
+
+def test_a_different_tool_outcome_diverges_in_the_subagent_run() -> None:
+    """The subagent run really is compared: had the first tool answered "MILK", the run's next message (the
+    count of the candidate projection's new pieces) would carry that result, right after that answer."""
+    from actors.subagent import ToolOutcome
+    from transport.capture import Record
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "subagent_run.buslog")
+    address = actor_of(log, "kind:sa.run")
+    outcomes = [
+        r
+        for r in log.records
+        if r.actor == address and r.at == "deliver" and decode_header(r.frames[0]).kind == ToolOutcome.TAG
+    ]
+    target = outcomes[0]
+    original = reg.decode(ToolOutcome.TAG, target.frames[1])
+    assert original.text == "milk"
+    instead = ToolOutcome(text="MILK", ok=True, state_updates=original.state_updates)
+    records = tuple(
+        Record(r.n, r.at, r.actor, r.mono_ns, (target.frames[0], reg.encode(instead)), r.hash)
+        if r.n == target.n
+        else r
+        for r in log.records
+    )
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(CaptureLog(log.path, log.header, records, None), address, reg).run(SubagentRunActor)
+    assert err.value.index is not None and err.value.index > target.n
+    print(err.value)
