@@ -118,4 +118,5 @@ def test_a_different_tool_outcome_diverges_in_the_subagent_run() -> None:
     with pytest.raises(ReplayDivergence) as err:
         Replay(CaptureLog(log.path, log.header, records, None), address, reg).run(SubagentRunActor)
     assert err.value.index is not None and err.value.index > target.n
-    print(err.value)
+    assert "router.count_tokens" in err.value.what
+    assert any("MILK" in d and "body.texts" in d for d in err.value.diff), err.value.diff
