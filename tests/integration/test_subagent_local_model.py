@@ -28,6 +28,8 @@ from actors.subagent import (
 )
 from actors.types import ToolCall
 from transport import Node
+from transport.capture import CaptureWriter, read_log
+from transport.codec import decode_header
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +59,7 @@ CATALOG: dict[str, Any] = {
     },
 }
 CJK_TASK = (
-    "请阅读下面的说明然后用一句话总结今天的天气情况。"
-    "北京晴二十一度。上海小雨十八度。广州多云二十六度。"
+    "请阅读下面的说明然后用一句话总结今天的天气情况。北京晴二十一度。上海小雨十八度。广州多云二十六度。"
 )
 
 
@@ -150,11 +151,15 @@ def test_cjk_counts_come_from_the_model_tokenizer_and_are_never_under(
 
 
 def test_a_run_on_the_local_model_updates_state_and_answers(
-    node: Node, tmp_path: Path, tokenizer: Llama
+    make_node: Callable[..., Node], tmp_path: Path, tokenizer: Llama
 ) -> None:
     """One run on SmolLM2: the grammar-forced call reaches the host, whose state update is accepted and
-    projected; the second request (re-rendered with the history and the state) answers; the audit trail
-    is complete and every submitted estimate covers the real tokenizer's count of that projection."""
+    projected; the second request is the whole projection re-rendered (history and state) and answers; the
+    audit trail is complete and every submitted estimate covers the real tokenizer's count of that
+    projection."""
+    reg = registry()
+    log = tmp_path / "run.buslog"
+    node = make_node("n2", registry=reg, capture=CaptureWriter(log, node="n2", schema=reg.schema_hash()))
     node.spawn(RouterActor, "router", catalog=catalog(), data_dir=tmp_path)
     app = StateApp()
     node.spawn(RunHostActor, "host", host=app)
@@ -172,25 +177,32 @@ def test_a_run_on_the_local_model_updates_state_and_answers(
         timeout=240.0,
         start_metadata={"test": "local"},
     )
-    result = run(node, "n1/router", request, "n1/host", timeout=240, protocol_reserve_tokens=RESERVE)
+    result = run(node, "n2/router", request, "n2/host", timeout=240, protocol_reserve_tokens=RESERVE)
 
     assert result.answer.strip() and result.model.model == "smol-run"
-    assert len(app.calls) == 1
     ((call, budget),) = app.calls
     (tool_result,) = app.of(AuditEvent.ToolResult)
     assert (tool_result.ok, tool_result.projection_accepted, tool_result.result) == (True, True, "saved")
     submitted = app.of(AuditEvent.InferenceSubmitted)
     assert [s.round for s in submitted] == [1, 2]
     # The second request is the projection with the call, its result and the new state, re-rendered.
-    expected = Projection(context, request.task)
-    expected.add(f"{call.name}({call.arguments})", "saved", True)
-    expected.apply([StateUpdate(key="note", text=f"note saved: {call.arguments}")])
-    assert submitted[1].manifest_hash == manifest_hash(expected.render())
     first = Projection(context, request.task).render()
-    assert submitted[0].manifest_hash == manifest_hash(first)
-    for s, p in zip(submitted, (first, expected.render()), strict=True):
+    second = Projection(context, request.task)
+    second.add(f"{call.name}({call.arguments})", "saved", True)
+    second.apply([StateUpdate(key="note", text=f"note saved: {call.arguments}")])
+    renderings = (first, second.render())
+    assert [s.manifest_hash for s in submitted] == [manifest_hash(p) for p in renderings]
+    for s, p in zip(submitted, renderings, strict=True):
         assert s.estimated_input_tokens - RESERVE >= real_count(tokenizer, p)
     assert budget.estimated_tokens() == submitted[0].estimated_input_tokens
+    # What llama.cpp was given for each request (the Router's TurnInput events, from the node's capture):
+    # the whole projection as the one user message, never the call and its result appended natively.
+    inputs = [
+        reg.decode("router.ev.input", r.frames[1]).context
+        for r in read_log(log).records
+        if r.at == "deliver" and decode_header(r.frames[0]).kind == "router.ev.input"
+    ]
+    assert [[(i.role, i.text) for i in c.items] for c in inputs] == [[("user", p)] for p in renderings]
     names = [type(e).__name__ for e in app.events]
     assert names == [
         "Started",
