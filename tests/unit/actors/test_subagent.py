@@ -751,3 +751,49 @@ def test_projection_pieces_join_to_the_rendering() -> None:
     assert "".join(p.pieces()) == p.render()
     assert p.render().endswith('<value key="q&quot;&lt;">\nV\n</value>\n</state>')
     assert Projection((), "t").render() == "<task>\nt\n</task>"
+
+
+# ------------------------------------------------------------------------------- the Router's new ops
+
+
+def test_router_counts_with_the_conservative_estimate_without_a_tokenizer(node: Node, router: Any) -> None:
+    """CountTokens for a provider without a tokenizer: exact=False, four ASCII characters per token and
+    a token per byte of anything else; an unknown model is UnknownModel."""
+    from actors.router.catalog import UnknownModel
+    from actors.router.messages import CountTokens
+
+    counted = node.request(
+        "n1/router", CountTokens(model="alias", texts=("abcd", "abcde", "日本", "")), timeout=5
+    )
+    assert counted.exact is False and counted.counts == (1, 2, 6, 0)
+    with pytest.raises(UnknownModel):
+        node.request("n1/router", CountTokens(model="nope", texts=("x",)), timeout=5)
+
+
+def test_router_submit_input_replaces_the_next_request_and_checks_the_turn(
+    node: Node, router: Any, provider: ScriptedProvider
+) -> None:
+    """SubmitInput: applies to the request that the next RespondCall resumes (the provider's input is
+    replaced, not appended); an unknown operation is TurnNotFound, an ended one TurnTerminated."""
+    from actors.router.client import RouterClient
+    from actors.router.messages import StartTurn, SubmitInput, TurnNotFound, TurnTerminated
+    from actors.types import ToolResult
+
+    client = RouterClient(node, "n1/router")
+    provider.add([call("c1"), {"text": "done"}])
+    turn = client.start_turn(
+        StartTurn(user_id="u", parent_operation_id=OP, model="alias", input="FIRST", tool_description="d")
+    )
+    events = client.events(turn.operation_id)
+    assert type(next(events)).__name__ == "TurnInput"
+    assert type(next(events)).__name__ == "TurnToolCall"
+    node.request("n1/router", SubmitInput(operation_id=turn.operation_id, input="SECOND"), timeout=5)
+    client.respond(turn.operation_id, "c1", ToolResult(success=True, output="r"))
+    rest = list(events)
+    (replaced,) = [e for e in rest if type(e).__name__ == "TurnInput"]
+    assert [(i.role, i.text) for i in replaced.context.items] == [("user", "SECOND")]
+    assert provider.inputs == ["FIRST", "SECOND"]
+    with pytest.raises(TurnTerminated):
+        node.request("n1/router", SubmitInput(operation_id=turn.operation_id, input="x"), timeout=5)
+    with pytest.raises(TurnNotFound):
+        node.request("n1/router", SubmitInput(operation_id=uuid.uuid4(), input="x"), timeout=5)
