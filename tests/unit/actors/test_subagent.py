@@ -356,7 +356,11 @@ def test_sa08_sa16_fits_state_agrees_with_acceptance_at_the_boundary(
 
     def probe(size_extra: int) -> Any:
         def make(c: ToolCall, b: ContextBudget) -> Any:
-            n = max(i for i in range(4000) if b.fits_state("k", "x" * i))
+            lo, hi = 0, 4000  # fits_state is monotonic in the value's size: the largest n that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if b.fits_state("k", "x" * mid) else (lo, mid - 1)
+            n = lo
             found["n"] = n
             assert b.fits_state("k", "x" * n) and not b.fits_state("k", "x" * (n + 4))
             return updating(("k", "x" * (n + size_extra)))(c, b)
@@ -797,3 +801,35 @@ def test_router_submit_input_replaces_the_next_request_and_checks_the_turn(
         node.request("n1/router", SubmitInput(operation_id=turn.operation_id, input="x"), timeout=5)
     with pytest.raises(TurnNotFound):
         node.request("n1/router", SubmitInput(operation_id=uuid.uuid4(), input="x"), timeout=5)
+
+
+def test_ev10_recording_is_awaited(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, node: Node
+) -> None:
+    """EV-10: while the host has not finished recording InferenceSubmitted (its record returns a future the
+    test holds), the provider turn does not start; resolving it lets the run go on."""
+    import concurrent.futures
+    import threading
+
+    held: concurrent.futures.Future[None] = concurrent.futures.Future()
+    asked = threading.Event()
+    plain = host.record
+
+    def record(event: Any) -> Any:
+        plain(event)
+        if isinstance(event, AuditEvent.InferenceSubmitted):
+            asked.set()
+            return held
+        return None
+
+    host.record = record  # type: ignore[method-assign]
+    provider.add([{"text": "after the record"}])
+    future = runtime.run_future(request(), "n1/host", timeout=WAIT, protocol_reserve_tokens=RESERVE)
+    assert asked.wait(WAIT)
+    from actors.router.messages import ResolveModel
+
+    node.request("n1/router", ResolveModel(requested="sub"), timeout=WAIT)  # the Router is idle meanwhile
+    assert provider.turns == [] and not future.done()
+    held.set_result(None)
+    assert future.result(WAIT).answer == "after the record"
+    assert len(provider.turns) == 1
