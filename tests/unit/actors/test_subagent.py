@@ -833,3 +833,38 @@ def test_ev10_recording_is_awaited(
     held.set_result(None)
     assert future.result(WAIT).answer == "after the record"
     assert len(provider.turns) == 1
+
+
+def test_rt10_opaque_json_reaches_the_host_unchanged(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """RT-10: start_metadata, tool arguments and the capture token cross the bus unchanged: unicode, an
+    integer above 2**53, -0.0, nesting and map key order."""
+    import math
+
+    opaque = {"z": 1, "a": [2**53 + 1, -0.0, "ü→✓"], "m": {"y": None, "b": True}}
+    host.outcomes["t1"] = lambda c, b: ToolOutcome(text="ok", ok=True, capture=opaque)
+    provider.add([call("c1", "t1", **opaque), {"text": "BODY"}])
+    go(runtime, start_metadata=opaque)
+    started = host.events(AuditEvent.Started)[0]
+    (tool_call,) = host.events(AuditEvent.ToolCall)
+    (capture,) = [e[1] for e in host.trace if e[0] == "complete_capture"]
+    for seen in (started.host, tool_call.arguments, capture):
+        assert seen == opaque and list(seen) == ["z", "a", "m"]
+        assert math.copysign(1.0, seen["a"][1]) == -1.0
+
+
+def test_a_host_answering_the_wrong_type_fails_the_run_and_the_actors_live_on(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """A host whose execute_tool returns something other than a ToolOutcome → SubagentHostError after
+    accounting (one receipt); the host actor and the Router serve the next run."""
+    from actors.session import SessionToolOutcome
+
+    host.outcomes["t1"] = lambda c, b: SessionToolOutcome.success("wrong type")
+    provider.add([call("c1", "t1"), {"text": "never"}])
+    with pytest.raises(SubagentHostError, match="SessionToolOutcome"):
+        go(runtime)
+    assert [r.receipt.status for r in host.events(AuditEvent.ProviderReceipt)] == ["interrupted"]
+    provider.add([{"text": "fine"}])
+    assert go(runtime).answer == "fine"
