@@ -83,6 +83,7 @@ __all__ = [
     "EmptyAnswerError",
     "EmptyCaptureError",
     "Host",
+    "InvalidRunRequest",
     "RunHostActor",
     "RunRequest",
     "RunResult",
@@ -219,6 +220,12 @@ class CaptureFailedError(BusError):
     """SA-24: ``complete_capture`` returned a failed outcome; the message is its text."""
 
     WIRE = "sa.capture_failed"
+
+
+class InvalidRunRequest(BusError, ValueError):
+    """A run request that cannot start (a negative protocol reserve, a second run on one run actor)."""
+
+    WIRE = "sa.invalid_request"
 
 
 class SubagentHostError(BusError):
@@ -389,9 +396,9 @@ class SubagentRunActor(BusActor):
         if not isinstance(message, RunSubagent):
             raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
         if self._ctx is not None:
-            raise SubagentHostError("this run actor runs one run only")
+            raise InvalidRunRequest("this run actor runs one run only")
         if message.protocol_reserve_tokens < 0:
-            raise SubagentHostError("protocol_reserve_tokens must be at least 0")
+            raise InvalidRunRequest("protocol_reserve_tokens must be at least 0")
         self._ctx, self._request = ctx, message.request
         self._host, self._router = message.host, message.router
         self._reserve = message.protocol_reserve_tokens
@@ -905,5 +912,6 @@ SUBAGENT_ERRORS: tuple[type[BusError], ...] = (
     EmptyAnswerError,
     EmptyCaptureError,
     CaptureFailedError,
+    InvalidRunRequest,
     SubagentHostError,
 )

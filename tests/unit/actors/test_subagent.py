@@ -868,3 +868,15 @@ def test_a_host_answering_the_wrong_type_fails_the_run_and_the_actors_live_on(
     assert [r.receipt.status for r in host.events(AuditEvent.ProviderReceipt)] == ["interrupted"]
     provider.add([{"text": "fine"}])
     assert go(runtime).answer == "fine"
+
+
+def test_a_negative_reserve_is_refused_before_anything_happens(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+) -> None:
+    """A negative protocol reserve → InvalidRunRequest (also a ValueError); no event, no provider turn."""
+    from actors.subagent import InvalidRunRequest
+
+    with pytest.raises(InvalidRunRequest) as err:
+        runtime.run(request(), "n1/host", timeout=WAIT, protocol_reserve_tokens=-1)
+    assert isinstance(err.value, ValueError)
+    assert host.trace == [] and provider.turns == []
