@@ -102,8 +102,9 @@ class AdapterConfig:
     def __post_init__(self) -> None:
         if isinstance(self.executable, os.PathLike):
             object.__setattr__(self, "executable", os.fspath(self.executable))
-        if not isinstance(self.tools, tuple):
-            object.__setattr__(self, "tools", tuple(self.tools))
+        tools: Any = self.tools
+        if not isinstance(tools, tuple):
+            object.__setattr__(self, "tools", tuple(tools))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
