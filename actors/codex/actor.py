@@ -443,12 +443,15 @@ class CodexAdapterActor(BusActor):
             event = turn.events.popleft()
             if isinstance(event, Done | ErrorEvent):
                 turn.terminal_delivered = True
+                if not turn.waiters:  # the last handle may be gone: reap before the caller hears Done
+                    self._forget(turn)
             ctx.reply(event)
         if turn.state == "abandoned" or turn.terminal_delivered:
             self._forget(turn)
 
     def _forget(self, turn: _Turn) -> None:
-        self._turns.pop(turn.id, None)
+        if self._turns.pop(turn.id, None) is None:
+            return
         self._gone.add(turn.id)
         self._maybe_close()
 

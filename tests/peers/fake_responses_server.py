@@ -11,6 +11,7 @@ out, the last step repeats. Each request is appended to ``--log`` (one JSON line
 - ``{"status": 500}``                               an HTTP error
 - ``{"text": [...], "then": "hang"}``               the deltas, then silence until killed (prints STREAMING)
 - ``{"text": [...], "then": "drop"}``               the deltas, then the socket is closed mid-stream
+- ``{"echo": true}``                                answers "echo: " + the last user message's text
 - ``{"delay": 0.5, ...}``                           waits before answering (a slow model)
 
 Prints ``READY {"port": P, "base_url": "http://127.0.0.1:P/v1"}`` once listening; exits when stdin closes
@@ -62,7 +63,18 @@ def usage() -> dict[str, Any]:
     }
 
 
+def last_user_text(body: Any) -> str:
+    """The text of the last user message in a Responses request (for ``{"echo": true}`` steps)."""
+    for item in reversed(body.get("input", []) if isinstance(body, dict) else []):
+        if isinstance(item, dict) and item.get("role") == "user":
+            parts = [c.get("text", "") for c in item.get("content", []) if isinstance(c, dict)]
+            return "".join(parts)
+    return ""
+
+
 class Handler(BaseHTTPRequestHandler):
+    body: Any = None
+
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the log file is the record
@@ -82,6 +94,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"undecodable": raw[:200].decode("latin-1")}
         record = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+        self.body = body
         index, step = SCRIPT.take(record)
         if step.get("delay"):
             time.sleep(float(step["delay"]))
@@ -124,6 +137,8 @@ class Handler(BaseHTTPRequestHandler):
             )
             out += 1
         deltas = step.get("text")
+        if step.get("echo"):
+            deltas = ["echo: ", last_user_text(self.body)]
         if deltas is not None:
             mid = f"msg_{index}"
             message = {"type": "message", "role": "assistant", "id": mid}
