@@ -300,3 +300,40 @@ def test_an_unfinished_turn_keeps_the_child(model: Any, tmp_path: Path) -> None:
     assert drain(turn) == [TextDelta("late"), Done()]
     assert turn.next_event(timeout=T) is None
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_adapter_in_another_process_over_ipc(
+    spawn_peer: Any, model: Any, make_node: Any, tmp_path: Path
+) -> None:
+    """The adapter actor runs in a peer process (owning the child); this process uses the facade over ipc:
+    a full tool turn, BUSY across processes, and the child reaped when the peer's node stops."""
+    from actors.codex.binary import find_codex
+    from actors.nodes import registry
+    from transport import Peer
+
+    server = model(TOOL_TURN)
+    (tmp_path / "ws").mkdir()
+    peer = spawn_peer(
+        "--name", "cx", "--bind", f"ipc://{tmp_path}/cx.sock", "--codex", str(find_codex()),
+        "--workdir", str(tmp_path / "ws"), "--base-url", server.base_url,
+        script=Path(__file__).parent.parent / "peers" / "codex_peer.py",
+    )  # fmt: skip
+    node = make_node("client", registry=registry(), peers=[Peer("cx", peer.endpoint)])
+    node.connect(Peer("cx", peer.endpoint), wait=20)
+    adapter = Adapter.attach(node, peer.info["address"], timeout=T)
+    try:
+        turn = adapter.start_turn("k", "weather?", timeout=T)
+        with pytest.raises(AdapterError) as busy:
+            adapter.start_turn("k", "again", timeout=T)
+        assert busy.value.kind is ErrorKind.BUSY
+        events = drain(turn, sunny)
+        assert [type(e) for e in events] == [ToolCallEvent, TextDelta, TextDelta, TextDelta, Done]
+        assert b"bubblewrap" in adapter.diagnostics()
+    finally:
+        adapter.close()
+    (child,) = peer.info["child"]
+    assert Path(f"/proc/{child}").exists()  # the peer's own handle keeps it
+    assert peer.proc.stdin is not None
+    peer.proc.stdin.close()
+    assert peer.proc.wait(timeout=T) == 0
+    assert not Path(f"/proc/{child}").exists()
