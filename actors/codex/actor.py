@@ -177,8 +177,11 @@ class CodexAdapterActor(BusActor):
         self._stderr = bytearray()
         self._ready = False
         self._closing = False
+        self._stopping = False
         self._failure: AdapterError | None = None  # the child is gone (or unusable): UNAVAILABLE etc.
         self._open_waiters: list[Context] = []
+        self._exited = False  # the child's exit was delivered (or it never started)
+        self._close_waiters: list[tuple[Context, Any]] = []  # answered once the child is reaped
         self._next_rpc = 0
         self._calls: dict[int, Callable[[Any, dict[str, Any] | None], None]] = {}
         self._turn_seq = 0
@@ -196,6 +199,7 @@ class CodexAdapterActor(BusActor):
         super().on_start()
         outcome = self.node.effect(self.address, b"spawn", self._spawn)
         if outcome != b"ok":
+            self._exited = True
             self._fail_child(AdapterError(ErrorKind.UNAVAILABLE, outcome.decode("utf-8", "replace")))
             return
         self._rpc(
@@ -310,7 +314,11 @@ class CodexAdapterActor(BusActor):
             return None
         if isinstance(message, Release):
             self.refs -= 1
+            self._close_waiters.append((ctx, Ok()))
             self._maybe_close()
+            if self._closing:
+                return DEFER  # answered once the child is reaped (AD-17)
+            self._close_waiters.pop()
             return None
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
@@ -443,8 +451,13 @@ class CodexAdapterActor(BusActor):
             event = turn.events.popleft()
             if isinstance(event, Done | ErrorEvent):
                 turn.terminal_delivered = True
-                if not turn.waiters:  # the last handle may be gone: reap before the caller hears Done
+                if not turn.waiters:
                     self._forget(turn)
+                    if self._closing:  # that was the last holder: the caller hears the end once reaped
+                        self._close_waiters.append((ctx, event))
+                        if self._exited:
+                            self._finish_close()
+                        continue
             ctx.reply(event)
         if turn.state == "abandoned" or turn.terminal_delivered:
             self._forget(turn)
@@ -663,8 +676,10 @@ class CodexAdapterActor(BusActor):
                     self._interrupt(thread, native)
 
     def _on_exit(self, code: int | None) -> None:
+        self._exited = True
         self._kill()
         if self._closing:
+            self._finish_close()
             return
         self._fail_child(self._error(ErrorKind.UNAVAILABLE, f"codex app-server exited (code {code})"))
 
@@ -724,7 +739,24 @@ class CodexAdapterActor(BusActor):
         if any(turn.live for turn in self._turns.values()):
             return  # AD-17: an unfinished Turn keeps the child
         self._closing = True
+        # Closing stdin is the app-server's clean shutdown; its exit arrives as a message (the reader thread
+        # reaps it, killing it if it lingers), and only then is the actor done: the mailbox never waits.
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()
+        if self._exited:
+            self._finish_close()
+
+    def _finish_close(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
         self._reap()
+        for ctx, reply in self._close_waiters:
+            if not ctx.done:
+                ctx.reply(reply)
+        self._close_waiters.clear()
         self.actor_ref.stop(block=False)
 
     def _kill(self) -> None:
