@@ -30,7 +30,6 @@ import concurrent.futures
 import contextlib
 import itertools
 import os
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -65,19 +64,19 @@ from transport.pending import forbid_blocking
 
 DEFAULT_TIMEOUT = 60.0
 _names = itertools.count(1)
-_private: Node | None = None
-_private_guard = threading.Lock()  # facade-side (not an actor): guards the one lazily made node
+_private: list[Node] = []  # the process's private node for ``bus=None`` (made once, on first use)
 
 
 def _private_node() -> Node:
-    global _private
-    with _private_guard:
-        if _private is None or not _private.running:
-            from actors.nodes import registry
+    """No lock (MB-01): two threads opening the very first adapter at once may each start a node; the
+    first one appended is used from then on, and any other stays idle until exit."""
+    if not _private or not _private[0].running:
+        from actors.nodes import registry
 
-            _private = Node(f"codex-{os.getpid()}", registry=registry()).start()
-            atexit.register(_private.stop)
-        return _private
+        node = Node(f"codex-{os.getpid()}-{next(_names)}", registry=registry()).start()
+        atexit.register(node.stop)
+        _private.insert(0, node)
+    return _private[0]
 
 
 def _typed(error: BaseException, address: str) -> BaseException:
