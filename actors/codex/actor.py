@@ -241,10 +241,22 @@ class CodexAdapterActor(BusActor):
 
     # ------------------------------------------------------------------ reader threads (not the actor)
     def _post(self, message: ChildOutput) -> None:
+        """Into the mailbox. With a capture running it travels as a bus tell, so the log records it as a
+        delivery and a replay feeds it back; otherwise straight into the mailbox (no encode, no header):
+        the same handler either way."""
         try:
-            self.node.tell(self.address, message, src=self.child_src)
-        except Exception:  # noqa: BLE001 - the node is stopping: nobody is left to tell
+            if self.node.capture is None:
+                self.actor_ref.tell(message)
+            else:
+                self.node.tell(self.address, message, src=self.child_src)
+        except Exception:  # noqa: BLE001 - the actor or node is stopping: nobody is left to tell
             log.debug("%s: child output after stop dropped", self.address)
+
+    def on_local(self, message: Any) -> Any:
+        if isinstance(message, ChildOutput):
+            self._child_output(message)
+            return None
+        return super().on_local(message)
 
     def _read_stderr(self, pipe: IO[bytes]) -> None:
         fd = pipe.fileno()

@@ -3,7 +3,8 @@
 app-server in tests (stdlib only; started by the tests as its own process and ended by its PID).
 
 Every ``POST /v1/responses`` takes the next step of the script (JSON, ``--script``); when the script runs
-out, the last step repeats. Each request is appended to ``--log`` (one JSON line: path, headers, body)
+out, the last step repeats (``--cycle``: the whole script; ``{n}`` in a call id is the request number).
+Each request is appended to ``--log`` (one JSON line: path, headers, body)
 *before* it is answered, so a test reads an exact count. Steps (SSE shapes as CODEX.md measured them):
 
 - ``{"text": ["Hel", "lo"]}``                       an assistant message streamed as deltas
@@ -33,8 +34,9 @@ from typing import Any
 
 
 class Script:
-    def __init__(self, steps: list[dict[str, Any]], log_path: str | None) -> None:
+    def __init__(self, steps: list[dict[str, Any]], log_path: str | None, cycle: bool = False) -> None:
         self.steps = steps or [{"text": ["ok"]}]
+        self.cycle = cycle
         self.log_path = log_path
         self.lock = threading.Lock()
         self.n = 0
@@ -46,6 +48,8 @@ class Script:
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps({"n": index, **record}) + "\n")
+            if self.cycle:
+                return index, self.steps[index % len(self.steps)]
             return index, self.steps[min(index, len(self.steps) - 1)]
 
 
@@ -126,7 +130,8 @@ class Handler(BaseHTTPRequestHandler):
         for call in step.get("tool_calls", []):
             fid = f"fc_{index}_{out}"
             arguments = json.dumps(call.get("arguments", {}))
-            item = {"type": "function_call", "id": fid, "call_id": call["call_id"], "name": call["name"]}
+            call_id = str(call["call_id"]).replace("{n}", str(index))
+            item = {"type": "function_call", "id": fid, "call_id": call_id, "name": call["name"]}
             self.event("response.output_item.added", {"output_index": out, "item": {**item, "arguments": ""}})
             self.event(
                 "response.function_call_arguments.delta",
@@ -189,9 +194,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--script", default="[]")
     parser.add_argument("--log")
+    parser.add_argument("--cycle", action="store_true", help="repeat the whole script, not its last step")
     parser.add_argument("--stdin-lifeline", action="store_true")
     args = parser.parse_args()
-    SCRIPT = Script(json.loads(args.script), args.log)
+    SCRIPT = Script(json.loads(args.script), args.log, args.cycle)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     port = server.server_address[1]
