@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KbusNode
 from peers.codex_support import ModelServer, function_outputs, start_model_server
 from peers.turn_io import RecordingTurnIO
 
@@ -42,6 +43,7 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import CALL_KTOOL, AgentProvider, TokenUsage, ToolCall, ToolCallError, ToolResult
+from transport import Peer
 from transport.node import Node
 
 pytestmark = pytest.mark.integration
@@ -302,3 +304,70 @@ def test_render_input_keeps_the_last_user_message_verbatim_after_the_history() -
     )
     assert instructions_of("base", history) == "base\n\nS"
     assert instructions_of("", [ChatMessage("user", "x")]) == ""
+
+
+# ----------------------------------------------------------------------------- a Router in its own process
+
+
+def _children_running_codex(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` and whose command line runs ``app-server`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid and b"app-server" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_router_node_from_config_serves_codex_and_reaps_its_child(
+    spawn_peer: Callable[..., Any],
+    kbus_node: Callable[..., KbusNode],
+    make_node: Callable[..., Node],
+    ipc_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """``[providers.NAME] kind = "codex"`` in a node's config: a tool turn from another process, and the
+    codex child ends with the node."""
+    server = start_model_server(spawn_peer, tmp_path, TOOL_TURN)
+    workdir = tmp_path / "ws"
+    workdir.mkdir()
+    config = ipc_dir / "brain.toml"
+    config.write_text(f"""
+[node]
+name = "brain"
+bind = ["ipc://brain.sock"]
+data_dir = "data"
+[providers.cx]
+kind = "codex"
+model_base_url = "{server.base_url}"
+working_directory = "{workdir}"
+[models.{MODEL}]
+provider = "cx"
+provider_model = "fake-model"
+context_window = 100000
+max_input_tokens = 90000
+[actors.router]
+type = "router"
+""")
+    brain = kbus_node(config)
+    node = make_node("app", registry=registry(), peers=[Peer("brain", f"ipc://{ipc_dir}/brain.sock")])
+    client = RouterClient(node, "brain/router", timeout=WAIT)
+    op = start_turn(client, "Weather in Paris?")
+    event = client.next_event(op, timeout=WAIT)
+    while not isinstance(event, TurnToolCall):
+        event = client.next_event(op, timeout=WAIT)
+    children = _children_running_codex(brain.proc.pid)
+    assert len(children) == 1
+    client.respond(op, event.call_id, ToolResult(success=True, output="Sunny, 21C"), timeout=WAIT)
+    done = list(client.events(op, timeout=WAIT))[-1]
+    assert isinstance(done, TurnCompleted) and done.answer == "Sunny in Paris."
+    assert done.receipt.provider is AgentProvider.CODEX and client.receipt(op) == done.receipt
+    assert brain.stop() == 0, "".join(brain.output)
+    assert "closing provider" not in "".join(brain.output)  # released cleanly at the Router's stop
+    assert not Path(f"/proc/{children[0]}").exists()  # reaped with the node, not orphaned

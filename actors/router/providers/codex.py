@@ -150,12 +150,21 @@ class CodexProvider:
         return f"CodexProvider(children={len(self._adapters)})"
 
     def close(self) -> None:
+        """Release every adapter handle (the last release reaps its child). The Router calls this on its
+        own actor thread, where the adapter facade may not block: each release runs on a thread of its
+        own, and this waits for them (bounded)."""
         with self._lock:
             self._closed = True
             adapters = list(self._adapters.values())
             self._adapters.clear()
-        for adapter in adapters:
-            adapter.close()
+        closers = [
+            threading.Thread(target=adapter.close, name=f"codex-close-{i}", daemon=True)
+            for i, adapter in enumerate(adapters)
+        ]
+        for thread in closers:
+            thread.start()
+        for thread in closers:
+            thread.join(self._open_timeout)
 
     def _is_closed(self) -> bool:
         return self._closed
