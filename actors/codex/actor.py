@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 MAX_DIAGNOSTICS = 1 << 20  # AD-15: the most recent 1 MiB of stderr
 MAX_LINE = 512 * 1024  # a longer stdout line is a protocol error (it could not travel as one message)
 REAP_TIMEOUT = 3.0
+# A next_event whose caller gives up within this many seconds gets no event: its reply could arrive after
+# the caller stopped waiting and be dropped; the event waits for the next call instead.
+REPLY_MARGIN = 0.05
 CLIENT_INFO = {"name": "kbus", "title": "kbus codex adapter", "version": "0.1.0"}
 
 # CODEX.md: no network besides the model server, no shell snapshot, no analytics, and a model server that
@@ -456,7 +459,7 @@ class CodexAdapterActor(BusActor):
                 return
             ctx = turn.waiters.popleft()
             deadline = ctx.header.deadline
-            if deadline is not None and deadline <= self.node.clock():
+            if deadline is not None and deadline - REPLY_MARGIN <= self.node.clock():
                 self._open.pop(ctx.header.id, None)
                 ctx.done = True
                 continue

@@ -337,3 +337,30 @@ def test_adapter_in_another_process_over_ipc(
     peer.proc.stdin.close()
     assert peer.proc.wait(timeout=T) == 0
     assert not Path(f"/proc/{child}").exists()
+
+
+def test_stopping_the_node_reaps_the_child(model: Any, make_node: Any, tmp_path: Path) -> None:
+    """AD-17: a handle is also released when its actor stops; node.stop() ends and reaps the child."""
+    from actors.nodes import registry
+
+    server = model([{"text": ["x"]}])
+    node = make_node("owner", registry=registry())
+    adapter = Adapter.open(
+        weather_config(tmp_path), bus=node, launch=LaunchOptions(model_base_url=server.base_url), timeout=T
+    )
+    (pid,) = codex_children()
+    node.stop()
+    assert not Path(f"/proc/{pid}").exists()
+    adapter.close()  # the actor is gone: nothing left to release, and no error
+
+
+def test_a_next_event_that_times_out_loses_no_event(open_adapter: Any, model: Any) -> None:
+    """A caller's timeout raises BusTimeout; the event that arrives later goes to the next next_event."""
+    from transport.errors import BusTimeout
+
+    server = model([{"text": ["slow"], "delay": 1.0}])
+    adapter = open_adapter(server)
+    turn = adapter.start_turn("k", "go", timeout=T)
+    with pytest.raises(BusTimeout):
+        turn.next_event(timeout=0.2)
+    assert drain(turn) == [TextDelta("slow"), Done()]
