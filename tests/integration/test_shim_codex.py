@@ -19,9 +19,11 @@ from peers.codex_support import ModelServer, function_outputs, start_model_serve
 
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
+from actors.codex.binary import find_codex
 from actors.codex.shim import LaunchRejected, Shim, ShimBox, ShimText
 from actors.codex.types import ASYNC_TOOL_ACKNOWLEDGEMENT, AdapterError, CodexToolCall, ErrorKind, TextDelta
 from actors.nodes import registry
+from transport import Peer
 from transport.node import Node
 
 WAIT = 60.0  # every blocking wait in this file is bounded by this
@@ -251,3 +253,32 @@ def _drain(turn: Any) -> list[Any]:
             return events
         events.append(event)
     raise AssertionError("turn did not end")
+
+
+def test_a_shim_drives_an_adapter_in_another_process_over_ipc(
+    spawn_peer: Callable[..., Any], make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """The adapter actor and its child live in a peer process; the shim's actor here reaches it only
+    through the bus (ipc): the same launch/acknowledge sequence."""
+    server = start_model_server(
+        spawn_peer, tmp_path, [calls(("call_a", "Paris"), ("call_b", "Oslo")), {"text": ["done"]}]
+    )
+    (tmp_path / "ws").mkdir()
+    peer = spawn_peer(
+        "--name", "cx", "--bind", f"ipc://{tmp_path}/cx.sock", "--codex", str(find_codex()),
+        "--workdir", str(tmp_path / "ws"), "--base-url", server.base_url,
+        script=Path(__file__).parent.parent / "peers" / "codex_peer.py",
+    )  # fmt: skip
+    node = make_node("app", registry=registry(), peers=[Peer("cx", peer.endpoint)])
+    node.connect(Peer("cx", peer.endpoint), wait=20)
+    launcher = JobLauncher()
+    with Shim(
+        Adapter.attach(node, peer.info["address"], timeout=WAIT), "k", WeatherCodec(), launcher
+    ) as shim:
+        out = shim.infer("two cities", timeout=WAIT)
+    assert out.items == (ShimBox(Box("call_a", "Paris")), ShimBox(Box("call_b", "Oslo")), ShimText("done"))
+    outputs = function_outputs(server.requests()[1])
+    assert [(o["call_id"], o["output"]) for o in outputs] == [
+        ("call_a", ASYNC_TOOL_ACKNOWLEDGEMENT),
+        ("call_b", ASYNC_TOOL_ACKNOWLEDGEMENT),
+    ]
