@@ -364,3 +364,30 @@ def test_a_next_event_that_times_out_loses_no_event(open_adapter: Any, model: An
     with pytest.raises(BusTimeout):
         turn.next_event(timeout=0.2)
     assert drain(turn) == [TextDelta("slow"), Done()]
+
+
+def test_two_pending_calls_are_answered_in_any_order(open_adapter: Any, model: Any) -> None:
+    """TU-10, AD-08: two calls surfaced together; answered in reverse order through a clone's turn view,
+    each result reaches the model under its own call id."""
+    calls = [
+        {"call_id": "c1", "name": "get_weather", "arguments": {"city": "Paris"}},
+        {"call_id": "c2", "name": "get_weather", "arguments": {"city": "Rome"}},
+    ]
+    server = model([{"tool_calls": calls}, {"text": ["both"]}])
+    adapter = open_adapter(server)
+    turn = adapter.start_turn("k", "two cities", timeout=T)
+    first, second = turn.next_event(timeout=T), turn.next_event(timeout=T)
+    assert isinstance(first, ToolCallEvent) and isinstance(second, ToolCallEvent)
+    assert {first.call.call_id, second.call.call_id} == {"c1", "c2"}
+    other = adapter.clone()
+    try:
+        with pytest.raises(AdapterError) as busy:
+            other.start_turn("k", "meanwhile", timeout=T)
+        assert busy.value.kind is ErrorKind.BUSY
+    finally:
+        other.close()
+    turn.respond("c2", ToolResult(success=True, output="Rome: rain"), timeout=T)
+    turn.respond("c1", ToolResult(success=True, output="Paris: sun"), timeout=T)
+    assert drain(turn) == [TextDelta("both"), Done()]
+    outputs = {o["call_id"]: o["output"] for o in function_outputs(server.requests()[1])}
+    assert outputs == {"c1": "Paris: sun", "c2": "Rome: rain"}
