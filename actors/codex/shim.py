@@ -152,6 +152,14 @@ class CancelInfer:
 
 
 @dataclass(frozen=True, slots=True)
+class CloseShim:
+    """Stop once no native turn is left running: a start in flight is waited for and its turn abandoned,
+    an active turn is abandoned; ``done`` resolves when the actor has stopped."""
+
+    done: concurrent.futures.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
 class _LaunchSettled:
     """A launcher's future resolved (told by its callback or waiter thread)."""
 
@@ -286,6 +294,7 @@ class ShimActor(BusActor, Generic[B]):
         self._pending: list[B] = []
         self._queue: deque[_Job] = deque()
         self._state: State = Ready()
+        self._closing: concurrent.futures.Future[None] | None = None
 
     # ------------------------------------------------------------------------------------ dispatch
     def on_local(self, message: Any) -> Any:
@@ -302,6 +311,14 @@ class ShimActor(BusActor, Generic[B]):
             case CancelInfer(job_id=job_id):
                 self._cancel(job_id)
                 return None
+            case CloseShim(done=done):
+                if self._closing is None:
+                    self._closing = done
+                    if not isinstance(self._state, Starting):
+                        self._close_now()  # else once the start's reply is in (_on_started)
+                else:
+                    self._closing.add_done_callback(lambda _: _settle(done))
+                return None
             case _LaunchSettled(job_id=job_id, call_id=call_id, error=error):
                 state = self._state
                 if isinstance(state, Launching) and state.job.job_id == job_id and state.call_id == call_id:
@@ -312,11 +329,30 @@ class ShimActor(BusActor, Generic[B]):
     def on_stop(self) -> None:
         state = self._state
         if isinstance(state, Draining | Launching | Acknowledging):
-            self._abandon(state.turn_id)
-        for job in (*self._jobs_of(state), *self._queue):
+            self._abandon(state.turn_id)  # stopped without CloseShim (node stop): best effort
+        self._fail_all()
+        super().on_stop()
+        if self._closing is not None:
+            _settle(self._closing)
+
+    def _fail_all(self) -> None:
+        for job in (*self._jobs_of(self._state), *self._queue):
             _settle(job.future, error=AdapterError(ErrorKind.UNAVAILABLE, "the shim was closed"))
         self._queue.clear()
-        super().on_stop()
+
+    def _close_now(self) -> None:
+        """CloseShim with no start in flight: abandon an active turn (waiting for the adapter to confirm,
+        so the key and the child are free before the handle is released), then stop."""
+        state = self._state
+        self._fail_all()
+        self._state = Poisoned(AdapterError(ErrorKind.UNAVAILABLE, "the shim was closed"))
+        if isinstance(state, Draining | Launching | Acknowledging):
+            self._abandon(state.turn_id, then=self._stop_soon)
+        else:
+            self._stop_soon()
+
+    def _stop_soon(self) -> None:
+        self.actor_ref.stop(block=False)  # after the messages already in the mailbox
 
     @staticmethod
     def _jobs_of(state: State) -> tuple[_Job, ...]:
@@ -357,6 +393,9 @@ class ShimActor(BusActor, Generic[B]):
             # SH-15/SH-19: a start rejection leaves the shim ready and the pending boxes untouched.
             self._state = Ready()
             _settle(job.future, error=as_adapter_error(reply.error))
+            if self._closing is not None:
+                self._close_now()
+                return
             self._next_job()
             return
         if not isinstance(reply.message, TurnStarted):
@@ -367,6 +406,10 @@ class ShimActor(BusActor, Generic[B]):
             return
         turn_id = reply.message.turn_id
         del self._pending[: state.boxes_used]  # SH-19: removed only once the start was accepted
+        if self._closing is not None:
+            self._state = Draining(job, turn_id)
+            self._close_now()
+            return
         if job.cancelled:
             # SH-16: cancelled before acceptance. The turn is abandoned and the shim stays ready.
             self._abandon(turn_id)
@@ -510,12 +553,14 @@ class ShimActor(BusActor, Generic[B]):
                 error = AdapterError(ErrorKind.INTERRUPTED, "infer was cancelled")
                 self._fail(job, turn_id, error, abandon=True)  # SH-16: abandoned and poisoned
 
-    def _abandon(self, turn_id: str) -> None:
-        def then(reply: Reply) -> None:
+    def _abandon(self, turn_id: str, then: Callable[[], None] | None = None) -> None:
+        def abandoned(reply: Reply) -> None:
             if reply.error is not None:
                 log.info("%s: abandoning turn %s failed: %r", self.address, turn_id, reply.error)
+            if then is not None:
+                then()
 
-        self.ask(self._adapter, Abandon(turn_id=turn_id), then, timeout=self._adapter_timeout)
+        self.ask(self._adapter, Abandon(turn_id=turn_id), abandoned, timeout=self._adapter_timeout)
 
 
 def _settle(
@@ -628,11 +673,24 @@ class Shim(Generic[B]):
             return future.result(0)  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop the actor (an infer in flight is abandoned) and release the adapter handle."""
+        """Stop the actor and release the adapter handle. An infer in flight fails (``UNAVAILABLE``) and its
+        native turn is abandoned first; a start in flight is waited for, then abandoned (bounded by
+        ``timeout``), so no turn is left running on the key."""
+        forbid_blocking("Shim.close")
         if self._closed:
             return
         self._closed = True
-        self._ref.stop(block=True, timeout=self.timeout)
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        try:
+            self._ref.tell(CloseShim(done))
+        except pykka.ActorDeadError:
+            pass
+        else:
+            try:
+                done.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                log.warning("shim %s: the adapter did not confirm the close in time", self.conversation_key)
+                self._ref.stop(block=True, timeout=self.timeout)
         self.adapter.close()
 
     def __enter__(self) -> Shim[B]:
@@ -647,6 +705,7 @@ __all__ = [
     "AdapterHandle",
     "BoxCodec",
     "CancelInfer",
+    "CloseShim",
     "Infer",
     "InferFuture",
     "LaunchRejected",

@@ -706,11 +706,31 @@ def test_close_releases_the_adapter_handle_once_and_fails_a_running_infer(rig: C
     future = shim.infer_future("go")
     r.wait_for(lambda: len(r.plan.of("next")) == 1)
     shim.close()
+    assert r.plan.of("abandon") == [("abandon", "turn-1")]  # confirmed before close returned
     shim.close()
     assert r.handle.closed == 1
     with pytest.raises(AdapterError) as err:
         future.result(WAIT)
     assert err.value.kind is ErrorKind.UNAVAILABLE
-    r.wait_for(lambda: r.plan.of("abandon") != [])
     with pytest.raises(AdapterError):
         shim.pending_box_count()
+
+
+def test_close_during_a_start_waits_for_it_and_abandons_the_turn(rig: Callable[..., Rig]) -> None:
+    """No turn is left running on the key: a start accepted after close() was called is abandoned."""
+    r = rig()
+    r.plan.starts.append(HOLD)
+    shim = r.shim()
+    future = shim.infer_future("go")
+    r.wait_for(lambda: r.plan.of("start") != [])
+    closer = threading.Thread(target=shim.close)
+    closer.start()
+    r.fake.ask(_Noop(), timeout=WAIT)
+    assert r.handle.closed == 0  # still waiting for the start's reply
+    r.release()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    assert r.plan.of("abandon") == [("abandon", "turn-1")] and r.plan.of("next") == []
+    assert r.handle.closed == 1
+    with pytest.raises(AdapterError):
+        future.result(WAIT)
