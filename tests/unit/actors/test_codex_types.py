@@ -11,6 +11,7 @@ import pytest
 
 from actors.codex import adapter as adapter_module
 from actors.codex.actor import LaunchOptions, child_argv
+from actors.codex.messages import CODEX_MESSAGES
 from actors.codex.types import (
     ASYNC_TOOL_ACKNOWLEDGEMENT,
     AdapterConfig,
@@ -145,3 +146,19 @@ def test_child_command_line_is_hermetic() -> None:
     for flag in ("plugins", "shell_snapshot", "unbounded_connection_retries", "analytics.enabled=false"):
         assert flag in joined
     assert "request_max_retries = 0" in joined and "http://127.0.0.1:9/v1" in joined
+
+
+@pytest.mark.parametrize("cls", CODEX_MESSAGES, ids=lambda c: c.TAG)
+def test_every_codex_message_round_trips(cls: type[Any]) -> None:
+    """MB-06 for the adapter's messages, with the codec tests' generic strategy."""
+    from hypothesis import HealthCheck, given, settings
+    from unit.transport.test_codec import strategy_for
+
+    reg = registry()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(strategy_for(cls))
+    def round_trip(message: Any) -> None:
+        assert reg.decode(cls.TAG, reg.encode(message)) == message
+
+    round_trip()
