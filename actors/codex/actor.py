@@ -172,7 +172,8 @@ class CodexAdapterActor(BusActor):
         validate_config(config)
         self.config = config
         self.launch = launch or LaunchOptions()
-        self.child_src = f"{address}.child"
+        # The reader threads' sender addresses (one per thread: each numbers its own tells).
+        self.child_srcs = (f"{address}.stdout", f"{address}.stderr")
         self.refs = 1
         self._proc: subprocess.Popen[bytes] | None = None
         self._home: str | None = None  # a CODEX_HOME this actor made (removed when the child is reaped)
@@ -251,7 +252,8 @@ class CodexAdapterActor(BusActor):
             if self.node.capture is None:
                 self.actor_ref.tell(message)
             else:
-                self.node.tell(self.address, message, src=self.child_src)
+                src = self.child_srcs[1 if message.stream == "stderr" else 0]
+                self.node.tell(self.address, message, src=src)
         except Exception:  # noqa: BLE001 - the actor or node is stopping: nobody is left to tell
             log.debug("%s: child output after stop dropped", self.address)
 
@@ -300,7 +302,7 @@ class CodexAdapterActor(BusActor):
     # ------------------------------------------------------------------------------------- handlers
     def handle(self, message: Any, ctx: Context) -> Any:
         if isinstance(message, ChildOutput):
-            if ctx.header.src != self.child_src:
+            if ctx.header.src not in self.child_srcs:
                 raise ProtocolError(f"child output from {ctx.header.src}")
             self._child_output(message)
             return None
