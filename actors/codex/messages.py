@@ -3,8 +3,8 @@ Abandon, Diagnostics) and the child's output as the actor receives it.
 
 The child's stdout lines and stderr chunks reach the actor as ``ChildOutput`` tells from its reader
 threads (senders ``<node>/<actor>.stdout`` and ``.stderr``), so a capture records them as deliveries and a
-replay feeds them back without a child. What the actor writes to the child is recorded as ``effect`` records keyed by the
-written bytes, so a replay compares those too.
+replay feeds them back without a child. What the actor writes to the child is recorded as ``effect``
+records keyed by the written bytes, so a replay compares those too.
 """
 
 from __future__ import annotations
