@@ -38,6 +38,8 @@ from actors.codex.messages import (
     Retain,
     StartTurn,
     TurnStarted,
+    TurnUsage,
+    TurnUsageReply,
 )
 from actors.codex.types import (
     AdapterConfig,
@@ -51,6 +53,7 @@ from actors.codex.types import (
     ToolCallEvent,
     validate_config,
 )
+from actors.types import TokenUsage
 from transport.errors import ProtocolError
 from transport.messages import Ok
 from transport.node import Node
@@ -63,6 +66,7 @@ REAP_TIMEOUT = 3.0
 # A next_event whose caller gives up within this many seconds gets no event: its reply could arrive after
 # the caller stopped waiting and be dropped; the event waits for the next call instead.
 REPLY_MARGIN = 0.05
+MAX_GONE = 4096  # finished turns remembered (next_event answers None, usage stays readable)
 CLIENT_INFO = {"name": "kbus", "title": "kbus codex adapter", "version": "0.1.0"}
 
 # CODEX.md: no network besides the model server, no shell snapshot, no analytics, and a model server that
@@ -150,6 +154,7 @@ class _Turn:
     calls: dict[str, Any] = field(default_factory=dict)  # pending call id -> server request id
     terminal_delivered: bool = False
     error_message: str | None = None
+    usage: TokenUsage | None = None  # the sum of the turn's model requests (thread/tokenUsage/updated)
 
     @property
     def live(self) -> bool:
@@ -190,7 +195,8 @@ class CodexAdapterActor(BusActor):
         self._calls: dict[int, Callable[[Any, dict[str, Any] | None], None]] = {}
         self._turn_seq = 0
         self._turns: dict[str, _Turn] = {}
-        self._gone: set[str] = set()  # turns whose terminal event was taken, or abandoned
+        # Turns whose terminal event was taken, or abandoned -> their token usage (the newest MAX_GONE).
+        self._gone: dict[str, TokenUsage | None] = {}
         self._active: dict[str, str] = {}  # conversation key -> turn id (AD-09)
         self._threads: dict[str, str] = {}  # conversation key -> app-server thread id (AD-12)
         self._current: dict[str, str] = {}  # app-server thread id -> turn id receiving its frames
@@ -315,6 +321,13 @@ class CodexAdapterActor(BusActor):
         if isinstance(message, Abandon):
             self._abandon(message.turn_id)
             return None
+        if isinstance(message, TurnUsage):
+            turn = self._turns.get(message.turn_id)
+            if turn is not None:
+                return TurnUsageReply(usage=turn.usage)
+            if message.turn_id in self._gone:
+                return TurnUsageReply(usage=self._gone[message.turn_id])
+            raise AdapterError(ErrorKind.UNAVAILABLE, f"no turn {message.turn_id[:40]!r}")
         if isinstance(message, Diagnostics):
             return DiagnosticsReply(stderr=bytes(self._stderr))
         if isinstance(message, AwaitOpen):
@@ -482,7 +495,9 @@ class CodexAdapterActor(BusActor):
     def _forget(self, turn: _Turn) -> None:
         if self._turns.pop(turn.id, None) is None:
             return
-        self._gone.add(turn.id)
+        self._gone[turn.id] = turn.usage
+        if len(self._gone) > MAX_GONE:
+            del self._gone[next(iter(self._gone))]
         self._maybe_close()
 
     def _respond(self, message: Respond) -> Any:
@@ -671,6 +686,12 @@ class CodexAdapterActor(BusActor):
                 text = error.get("message") if isinstance(error, dict) else None
                 text = text or turn.error_message or f"the turn ended with status {status!r}"
                 self._finish(turn, ErrorEvent(self._error(ErrorKind.SERVER, str(text))))
+        elif method == "thread/tokenUsage/updated":
+            turn = self._route(params)
+            usage = params.get("tokenUsage")
+            last = usage.get("last") if isinstance(usage, dict) else None
+            if turn is not None and isinstance(last, dict):
+                turn.usage = _add_usage(turn.usage, last)
         elif method == "error":
             turn = self._route(params)
             error = params.get("error")
@@ -825,6 +846,23 @@ class CodexAdapterActor(BusActor):
         self._closing = True
         self._reap()
         super().on_failure(exception_type, exception_value, traceback)
+
+
+def _add_usage(total: TokenUsage | None, last: dict[str, Any]) -> TokenUsage:
+    """One model request's counts (codex's ``tokenUsage.last``) added to the turn's running sum."""
+
+    def n(key: str) -> int:
+        value = last.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    base = total or TokenUsage()
+    return TokenUsage(
+        input_tokens=base.input_tokens + n("inputTokens"),
+        cached_input_tokens=base.cached_input_tokens + n("cachedInputTokens"),
+        output_tokens=base.output_tokens + n("outputTokens"),
+        reasoning_output_tokens=base.reasoning_output_tokens + n("reasoningOutputTokens"),
+        total_tokens=base.total_tokens + n("totalTokens"),
+    )
 
 
 def _rpc_text(error: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ Signatures (C.2, with these additions and nothing removed):
     Turn.respond(call_id, result, *, timeout=None) -> None
     Turn.respond_future(call_id, result, *, timeout=None) -> Future[None]
     Turn.abandon(*, timeout=None) -> None;  with Turn ...: (exit == abandon)
+    Turn.usage(*, timeout=None) -> TokenUsage | None   (addition) codex's token counts for the turn so far
     Turn.conversation_key, Turn.turn_id
 
 Every failure is an ``AdapterError``; a vanished adapter actor (``NotDelivered``/``Unavailable``) is raised
@@ -46,6 +47,8 @@ from actors.codex.messages import (
     Retain,
     StartTurn,
     TurnStarted,
+    TurnUsage,
+    TurnUsageReply,
 )
 from actors.codex.types import (
     AdapterConfig,
@@ -56,7 +59,7 @@ from actors.codex.types import (
     Event,
     validate_config,
 )
-from actors.types import ToolResult
+from actors.types import TokenUsage, ToolResult
 from transport.errors import BusError, NotDelivered, Unavailable
 from transport.messages import Ok
 from transport.node import Node
@@ -271,6 +274,12 @@ class Turn:
         return self._link.future(
             Respond(turn_id=self.turn_id, call_id=call_id, result=result), timeout, lambda _: None
         )
+
+    def usage(self, *, timeout: float | None = None) -> TokenUsage | None:
+        """The token usage codex reported for this turn so far (sum over its model requests); ``None``
+        before the first report. Readable after the turn ended (not part of the seed: an addition)."""
+        reply: TurnUsageReply = self._link.call(TurnUsage(turn_id=self.turn_id), timeout)
+        return reply.usage
 
     def abandon(self, *, timeout: float | None = None) -> None:
         """TU-05/06: interrupt an unfinished turn and free its key; a no-op when finished or abandoned."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from actors.codex.types import CODEX_TYPE_ERRORS, CODEX_TYPES
-from actors.types import ToolResult
+from actors.types import TokenUsage, ToolResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +69,20 @@ class Abandon:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TurnUsage:
+    """Answered with ``TurnUsageReply``: the token usage the app-server reported for the turn so far."""
+
+    TAG: ClassVar[str] = "codex.turn_usage"
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnUsageReply:
+    TAG: ClassVar[str] = "codex.turn_usage_reply"
+    usage: TokenUsage | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Diagnostics:
     TAG: ClassVar[str] = "codex.diagnostics"
 
@@ -102,5 +116,7 @@ CODEX_MESSAGES = (
     Diagnostics,
     DiagnosticsReply,
     ChildOutput,
+    TurnUsage,
+    TurnUsageReply,
 )
 CODEX_ERRORS = CODEX_TYPE_ERRORS

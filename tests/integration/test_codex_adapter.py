@@ -32,6 +32,7 @@ from actors.codex.types import (
     ToolCallEvent,
     ToolResult,
 )
+from actors.types import TokenUsage
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +98,8 @@ def test_dynamic_tool_turn_on_the_real_binary(open_adapter: Any, model: Any) -> 
         Done(),
     ]
     assert [turn.next_event(timeout=T) for _ in range(3)] == [None, None, None]
+    # Two model requests, each reported by the fake server as 10 in / 5 out / 15 total tokens.
+    assert turn.usage(timeout=T) == TokenUsage(input_tokens=20, output_tokens=10, total_tokens=30)
     first, second = server.requests()
     body = first["body"]
     assert body["model"] == "fake-model"
