@@ -119,12 +119,17 @@ def calls(*ids_and_cities: tuple[str, str]) -> dict[str, Any]:
 def test_three_calls_launched_in_order_and_acknowledged_byte_exact(
     spawn_peer: Callable[..., Any], tmp_path: Path, open_adapter: Callable[[ModelServer], Adapter]
 ) -> None:
-    """SH-02..SH-05, SH-09, SH-11, SH-20 on the real binary: three calls in one model response, each
-    converted once, launched in provider order, answered with the acknowledgement; one turn."""
+    """SH-02..SH-05, SH-09, SH-11, SH-20 on the real binary: three calls, one per model response, each
+    converted once, launched in provider order, answered with the acknowledgement, all in one turn."""
     server = start_model_server(
         spawn_peer,
         tmp_path,
-        [calls(("call_a", "Paris"), ("call_b", "Oslo"), ("call_c", "Rome")), {"text": ["Jobs ", "started."]}],
+        [
+            calls(("call_a", "Paris")),
+            calls(("call_b", "Oslo")),
+            calls(("call_c", "Rome")),
+            {"text": ["Jobs ", "started."]},
+        ],
     )
     adapter = open_adapter(server)
     codec, launcher = WeatherCodec(), JobLauncher(future_for={"call_a"})
@@ -132,6 +137,7 @@ def test_three_calls_launched_in_order_and_acknowledged_byte_exact(
         future = shim.infer_future("Weather in three cities?")
         assert launcher.future_made.wait(WAIT)
         assert shim.pending_box_count() == 0  # the mailbox answers while a launch is outstanding
+        assert len(server.requests()) == 1  # call_a is not answered before its launch returned
         launcher.futures["call_a"].set_result(None)
         out = future.result(WAIT)
         assert shim.pending_box_count() == 0  # SH-20
@@ -144,9 +150,37 @@ def test_three_calls_launched_in_order_and_acknowledged_byte_exact(
         ShimText("Jobs started."),
     )
     requests = server.requests()
-    assert len(requests) == 2  # one native turn: the call response, then the answer
+    assert len(requests) == 4  # one native turn: three call responses, then the answer
+    for n, seen in ((1, ["call_a"]), (2, ["call_a", "call_b"]), (3, ["call_a", "call_b", "call_c"])):
+        outputs = function_outputs(requests[n])
+        assert [(o["call_id"], o["output"]) for o in outputs] == [
+            (c, ASYNC_TOOL_ACKNOWLEDGEMENT) for c in seen
+        ]
+
+
+def test_parallel_calls_in_one_response_are_launched_one_at_a_time_in_event_order(
+    spawn_peer: Callable[..., Any], tmp_path: Path, open_adapter: Callable[[ModelServer], Adapter]
+) -> None:
+    """SH-05 with three calls in one model response: codex may surface them in any order; the shim
+    converts, launches and acknowledges them in the order it received them, and the output keeps it."""
+    server = start_model_server(
+        spawn_peer,
+        tmp_path,
+        [calls(("call_a", "Paris"), ("call_b", "Oslo"), ("call_c", "Rome")), {"text": ["Jobs ", "started."]}],
+    )
+    adapter = open_adapter(server)
+    codec, launcher = WeatherCodec(), JobLauncher()
+    with Shim(adapter.clone(), "conv-1", codec, launcher) as shim:
+        out = shim.infer("Weather in three cities?", timeout=WAIT)
+    order = codec.converted
+    assert sorted(order) == ["call_a", "call_b", "call_c"]
+    assert [b.call_id for b in launcher.launched] == order
+    assert [i.box.call_id for i in out.items if isinstance(i, ShimBox)] == order
+    assert out.items[-1] == ShimText("Jobs started.")
+    requests = server.requests()
+    assert len(requests) == 2
     outputs = function_outputs(requests[1])
-    assert [o["call_id"] for o in outputs] == ["call_a", "call_b", "call_c"]
+    assert sorted(o["call_id"] for o in outputs) == ["call_a", "call_b", "call_c"]
     assert all(o["output"] == ASYNC_TOOL_ACKNOWLEDGEMENT for o in outputs)
 
 
@@ -176,11 +210,12 @@ def test_a_rejected_launch_abandons_the_turn_and_poisons_the_shim(
     spawn_peer: Callable[..., Any], tmp_path: Path, open_adapter: Callable[[ModelServer], Adapter]
 ) -> None:
     """SH-07, SH-13, SH-14 on the real binary: call_b is rejected; call_a stays launched and acknowledged,
-    call_c is never launched, and the next infer fails at once without a model request."""
+    call_b is never answered (the model never gets to its next request), and the next infer fails at once
+    without a model request."""
     server = start_model_server(
         spawn_peer,
         tmp_path,
-        [calls(("call_a", "Paris"), ("call_b", "Oslo"), ("call_c", "Rome")), {"text": ["never"]}],
+        [calls(("call_a", "Paris")), calls(("call_b", "Oslo")), {"text": ["a later turn"]}],
     )
     adapter = open_adapter(server)
     launcher = JobLauncher(reject={"call_b": "job queue full"})
@@ -190,6 +225,7 @@ def test_a_rejected_launch_abandons_the_turn_and_poisons_the_shim(
         assert (err.value.kind, err.value.message) == (ErrorKind.LAUNCH_REJECTED, "job queue full")
         assert [b.call_id for b in launcher.launched] == ["call_a"]
         seen = len(server.requests())
+        assert seen == 2  # call_b was never answered: no request carries its output
         with pytest.raises(AdapterError) as again:
             shim.infer("again", timeout=WAIT)
         assert again.value.message == "shim poisoned: launch_rejected: job queue full"
@@ -201,6 +237,11 @@ def test_a_rejected_launch_abandons_the_turn_and_poisons_the_shim(
     assert events[-1].__class__.__name__ == "Done"
     requests = server.requests()
     assert len(requests) == seen + 1  # the poisoned infer made no request; only this direct turn did
+    outputs = function_outputs(requests[-1])
+    # In the thread's history call_a carries the acknowledgement; call_b never got one.
+    answered = {o["call_id"]: o["output"] for o in outputs}
+    assert answered["call_a"] == ASYNC_TOOL_ACKNOWLEDGEMENT
+    assert answered.get("call_b") != ASYNC_TOOL_ACKNOWLEDGEMENT
 
 
 def test_a_failed_model_turn_poisons_and_a_busy_start_leaves_the_shim_ready(
@@ -261,7 +302,7 @@ def test_a_shim_drives_an_adapter_in_another_process_over_ipc(
     """The adapter actor and its child live in a peer process; the shim's actor here reaches it only
     through the bus (ipc): the same launch/acknowledge sequence."""
     server = start_model_server(
-        spawn_peer, tmp_path, [calls(("call_a", "Paris"), ("call_b", "Oslo")), {"text": ["done"]}]
+        spawn_peer, tmp_path, [calls(("call_a", "Paris")), calls(("call_b", "Oslo")), {"text": ["done"]}]
     )
     (tmp_path / "ws").mkdir()
     peer = spawn_peer(
@@ -277,7 +318,7 @@ def test_a_shim_drives_an_adapter_in_another_process_over_ipc(
     ) as shim:
         out = shim.infer("two cities", timeout=WAIT)
     assert out.items == (ShimBox(Box("call_a", "Paris")), ShimBox(Box("call_b", "Oslo")), ShimText("done"))
-    outputs = function_outputs(server.requests()[1])
+    outputs = function_outputs(server.requests()[2])
     assert [(o["call_id"], o["output"]) for o in outputs] == [
         ("call_a", ASYNC_TOOL_ACKNOWLEDGEMENT),
         ("call_b", ASYNC_TOOL_ACKNOWLEDGEMENT),
