@@ -29,6 +29,7 @@ from actors.router.messages import (
     TurnInput,
     TurnTextDelta,
     TurnToolCall,
+    TurnUsage,
 )
 from actors.router.providers.base import ChatMessage, ProviderError, TextDelta, ToolSpec, TurnRequest
 from actors.router.providers.codex import CodexProvider, instructions_of, render_input
@@ -145,6 +146,10 @@ def test_a_turn_with_text_and_a_tool_call_gives_one_receipt(
         "fake-model",
     )
     assert client.receipt(op, timeout=WAIT) == receipt  # exactly one receipt, whoever asks again
+    # Usage: two model requests of 10 input + 5 output tokens each, reported once before the end.
+    usage = TokenUsage(input_tokens=20, output_tokens=10, total_tokens=30)
+    assert [e.usage for e in events if isinstance(e, TurnUsage)] == [usage]
+    assert done.usage == receipt.usage == usage
     # What the model saw: the one native tool, the instructions, and the result of the exact call.
     requests = server.requests()
     assert len(requests) == 2
@@ -154,9 +159,6 @@ def test_a_turn_with_text_and_a_tool_call_gives_one_receipt(
     assert [(o["call_id"], o["output"]) for o in function_outputs(requests[1])] == [("call_w1", "Sunny, 21C")]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the codex adapter does not surface thread/tokenUsage/updated yet (see the report)"
-)
 def test_the_receipt_carries_the_turns_token_usage(
     router: Callable[[list[dict[str, Any]]], tuple[Node, RouterClient, ModelServer]],
 ) -> None:
@@ -250,6 +252,9 @@ def test_run_session_on_codex_one_round_with_a_tool_call(
     assert call == ToolCall(name="weather", arguments={"city": "Paris"})
     receipts = [e[1].receipt for e in host.trace if isinstance(e[1], SessionEvent.ProviderReceipt)]
     assert len(receipts) == 1 and receipts[0].status == "completed"
+    assert receipts[0].usage == TokenUsage(input_tokens=20, output_tokens=10, total_tokens=30)
+    usage_events = [e[1] for e in host.trace if isinstance(e[1], SessionEvent.UsageUpdated)]
+    assert [e.usage for e in usage_events] == [receipts[0].usage]
     assert receipts[0].provider is AgentProvider.CODEX
     (completion,) = [e[1] for e in host.trace if e[0] == "complete_round"]
     assert completion.used_tool is True

@@ -12,7 +12,9 @@ instructions, and the one native tool ``call_ktool`` is declared as the thread's
   Codex turn, and the model's next request is reported as ``Submitted(continued=True)``;
 - cancellation: checked while waiting for each event and each tool result; the native turn is then
   abandoned (``turn/interrupt``), and the Router issues the receipt;
-- usage: the adapter surfaces no token usage yet, so the outcome's usage is ``None`` (none is invented).
+- usage: what codex reported for the turn (``thread/tokenUsage/updated``, summed over its model requests by
+  the adapter, ``Turn.usage()``), read when the turn ends and emitted as one ``UsageUpdate``; ``None`` when
+  codex reported none (none is invented).
 
 Adapters (one ``codex app-server`` child each) are opened on first use and shared by every turn with the
 same model, effort, instructions and tool description (``AdapterConfig`` is per child); at most
@@ -63,9 +65,11 @@ from actors.router.providers.base import (
     TurnCancelled,
     TurnIO,
     TurnRequest,
+    UsageUpdate,
     model_context,
 )
 from actors.router.providers.base import TextDelta as ProviderTextDelta
+from actors.types import TokenUsage
 from transport.errors import BusError
 
 log = logging.getLogger(__name__)
@@ -268,9 +272,10 @@ class CodexProvider:
                         text.clear()  # the answer is what follows the last tool call
                         io.emit(Submitted(model_context(request, continued=True)))
                     case Done():
-                        return ProviderOutcome("".join(text), None)
+                        return ProviderOutcome("".join(text), self._usage(turn, io))
                     case ErrorEvent() as failed:
                         error = failed.error
+                        self._usage(turn, io)  # what the finished requests cost goes on the receipt too
                         raise ProviderError(
                             _KIND.get(error.kind, "failed"), f"codex turn failed: {error}", started=produced
                         ) from error
@@ -290,6 +295,17 @@ class CodexProvider:
         except BaseException:
             turn.abandon(timeout=self._open_timeout)
             raise
+
+    def _usage(self, turn: Turn, io: TurnIO) -> TokenUsage | None:
+        """The turn's usage as codex reported it (the sum over its model requests), emitted once."""
+        try:
+            usage = turn.usage(timeout=self._open_timeout)
+        except BusError as exc:  # the numbers are lost, not the turn: the receipt then has none
+            log.warning("codex usage of turn %s unreadable: %r", turn.turn_id, exc)
+            return None
+        if usage is not None:
+            io.emit(UsageUpdate(usage))
+        return usage
 
     def _call(self, turn: Turn, call: CodexToolCall, io: TurnIO) -> None:
         io.emit(ToolCallRequested(NativeToolCall(call.call_id, call.name, json.dumps(call.arguments))))
