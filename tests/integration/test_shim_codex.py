@@ -323,3 +323,24 @@ def test_a_shim_drives_an_adapter_in_another_process_over_ipc(
         ("call_a", ASYNC_TOOL_ACKNOWLEDGEMENT),
         ("call_b", ASYNC_TOOL_ACKNOWLEDGEMENT),
     ]
+
+
+def test_two_shims_on_two_keys_share_one_child_and_infer_concurrently(
+    spawn_peer: Callable[..., Any], tmp_path: Path, open_adapter: Callable[[ModelServer], Adapter]
+) -> None:
+    """SH-22: shims on keys k1 and k2 with clones of one adapter: k2's whole turn runs while k1's turn is
+    still streaming; closing k1's shim then abandons its turn."""
+    server = start_model_server(spawn_peer, tmp_path, [{"text": ["one"], "then": "hang"}, {"text": ["two"]}])
+    adapter = open_adapter(server)
+    one = Shim(adapter.clone(), "k1", WeatherCodec(), JobLauncher())
+    try:
+        first = one.infer_future("from one")
+        server.peer.expect_line("STREAMING", timeout=WAIT)  # k1's model request is mid-stream
+        with Shim(adapter.clone(), "k2", WeatherCodec(), JobLauncher()) as two:
+            assert two.infer("from two", timeout=WAIT).items == (ShimText("two"),)
+        assert not first.done()
+    finally:
+        one.close()
+    with pytest.raises(AdapterError):
+        first.result(WAIT)
+    assert [_user_texts(r)[-1] for r in server.requests()] == ["from one", "from two"]
