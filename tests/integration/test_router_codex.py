@@ -7,6 +7,8 @@ instructions, and the tool's result as the ``function_call_output`` of the exact
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import KbusNode
-from peers.codex_support import ModelServer, function_outputs, start_model_server
+from peers.codex_support import ModelServer, codex_children, function_outputs, start_model_server
 from peers.turn_io import RecordingTurnIO
 
 from actors.inference import InferenceRuntime, PreparedRound
@@ -292,6 +294,32 @@ def test_a_cancelled_stream_abandons_the_codex_turn_and_the_child_serves_the_nex
         outcome = provider.run_turn(request, RecordingTurnIO())
         assert outcome.answer == "ok"
         assert len(server.requests()) == 2
+    finally:
+        provider.close()
+
+
+def test_a_dead_child_is_replaced_for_the_next_turn(spawn_peer: Callable[..., Any], tmp_path: Path) -> None:
+    """AD-18: once codex died every start on that adapter is UNAVAILABLE; the provider reports the turn
+    unavailable and opens a new child for the next one."""
+    server = start_model_server(spawn_peer, tmp_path, [{"text": ["first"]}, {"text": ["after the restart"]}])
+    provider = CodexProvider(model_base_url=server.base_url, working_directory=str(tmp_path))
+    resolved, _, _ = catalog(server, tmp_path).resolve(MODEL)
+    request = TurnRequest(
+        model=resolved,
+        messages=(ChatMessage("user", "Go"),),
+        tool=ToolSpec(CALL_KTOOL, "Run an application tool by name.", CALL_KTOOL_PARAMETERS),
+    )
+    try:
+        before = set(codex_children())
+        assert provider.run_turn(request, RecordingTurnIO()).answer == "first"
+        (child,) = set(codex_children()) - before
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(ProviderError) as err:
+            for _ in range(50):  # until the adapter has seen its child exit (bounded)
+                provider.run_turn(request, RecordingTurnIO())
+        assert err.value.kind == "unavailable"
+        assert provider.run_turn(request, RecordingTurnIO()).answer == "after the restart"
+        assert len(set(codex_children()) - before) == 1 and child not in codex_children()
     finally:
         provider.close()
 

@@ -191,8 +191,8 @@ class CodexProvider:
             ),
         )
 
-    def _adapter(self, request: TurnRequest) -> Adapter:
-        """A handle of its own on the adapter for this request's configuration (close it after the turn)."""
+    def _adapter(self, request: TurnRequest) -> tuple[tuple[str, ...], Adapter]:
+        """The configuration's key, and a handle of its own on its adapter (close it after the turn)."""
         try:
             config = self._config(request)
         except FileNotFoundError as exc:
@@ -211,7 +211,7 @@ class CodexProvider:
             if adapter is not None:
                 self._adapters.move_to_end(key)
                 try:
-                    return adapter.clone()
+                    return key, adapter.clone()
                 except AdapterError:
                     del self._adapters[key]  # the child is gone: open a new one below
                     adapter.close()
@@ -230,13 +230,28 @@ class CodexProvider:
                     evicted.append(self._adapters.popitem(last=False)[1])
         for old in evicted:
             old.close()  # a child still running a turn lives on until that turn's own handle is closed
-        return mine
+        return key, mine
+
+    def _forget(self, key: tuple[str, ...], address: str) -> None:
+        """Drop the cached adapter at ``address`` (its child is gone): the next turn opens a new one."""
+        with self._lock:
+            cached = self._adapters.get(key)
+            if cached is None or cached.address != address:
+                return
+            del self._adapters[key]
+        log.warning("codex child of %s is unavailable; the next turn starts a new one", address)
+        cached.close()
 
     # --------------------------------------------------------------------------------------- turns
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
-        adapter = self._adapter(request)
+        key, adapter = self._adapter(request)
         try:
             return self._run(adapter, request, io)
+        except ProviderError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, AdapterError) and cause.kind is ErrorKind.UNAVAILABLE:
+                self._forget(key, adapter.address)  # AD-18: that child takes no more turns
+            raise
         finally:
             adapter.close()
 
