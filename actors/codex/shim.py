@@ -389,20 +389,21 @@ class ShimActor(BusActor, Generic[B]):
     def _on_started(self, job: _Job, reply: Reply) -> None:
         state = self._state
         assert isinstance(state, Starting) and state.job is job
-        if reply.error is not None:
+        if reply.error is not None or not isinstance(reply.message, TurnStarted):
             # SH-15/SH-19: a start rejection leaves the shim ready and the pending boxes untouched.
+            error = (
+                as_adapter_error(reply.error)
+                if reply.error is not None
+                else AdapterError(
+                    ErrorKind.PROTOCOL, f"unexpected start reply {type(reply.message).__name__}"
+                )
+            )
             self._state = Ready()
-            _settle(job.future, error=as_adapter_error(reply.error))
+            _settle(job.future, error=error)
             if self._closing is not None:
                 self._close_now()
-                return
-            self._next_job()
-            return
-        if not isinstance(reply.message, TurnStarted):
-            self._state = Ready()
-            error = AdapterError(ErrorKind.PROTOCOL, f"unexpected start reply {type(reply.message).__name__}")
-            _settle(job.future, error=error)
-            self._next_job()
+            else:
+                self._next_job()
             return
         turn_id = reply.message.turn_id
         del self._pending[: state.boxes_used]  # SH-19: removed only once the start was accepted
