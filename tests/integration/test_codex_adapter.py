@@ -306,7 +306,7 @@ def test_an_unfinished_turn_keeps_the_child(model: Any, tmp_path: Path) -> None:
 
 
 def test_adapter_in_another_process_over_ipc(
-    spawn_peer: Any, model: Any, make_node: Any, tmp_path: Path
+    spawn_peer: Any, model: Any, make_node: Any, tmp_path: Path, ipc_dir: Path
 ) -> None:
     """The adapter actor runs in a peer process (owning the child); this process uses the facade over ipc:
     a full tool turn, BUSY across processes, and the child reaped when the peer's node stops."""
@@ -317,7 +317,7 @@ def test_adapter_in_another_process_over_ipc(
     server = model(TOOL_TURN)
     (tmp_path / "ws").mkdir()
     peer = spawn_peer(
-        "--name", "cx", "--bind", f"ipc://{tmp_path}/cx.sock", "--codex", str(find_codex()),
+        "--name", "cx", "--bind", f"ipc://{ipc_dir}/cx.sock", "--codex", str(find_codex()),
         "--workdir", str(tmp_path / "ws"), "--base-url", server.base_url,
         script=Path(__file__).parent.parent / "peers" / "codex_peer.py",
     )  # fmt: skip
