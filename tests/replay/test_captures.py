@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from actors.codex.actor import CodexAdapterActor
 from actors.echo import EchoActor
 from actors.nodes import registry
 from actors.session import SessionLoopActor
@@ -22,6 +23,19 @@ from transport.replay import Replay
 
 HERE = Path(__file__).parent
 
+
+class CodexReplay:
+    """The Codex-adapter actor with the config scripts/record-replays recorded it with (no child is started
+    in a replay: the spawn and every write to the child are served from the log's effect records)."""
+
+    @staticmethod
+    def start(node: Any, address: str) -> Any:
+        from peers.codex_support import weather_config
+
+        config = weather_config(Path("/tmp/kbus-codex-replay"), "codex")
+        return CodexAdapterActor.start(node, address, config=config)
+
+
 # log file -> (actor address, or the kind of the request that starts it; actor class)
 CAPTURES: dict[str, tuple[str, Any]] = {
     "echo_exchange.buslog": ("n1/echo", EchoActor),
@@ -30,6 +44,7 @@ CAPTURES: dict[str, tuple[str, Any]] = {
     "session_restart_fresh.buslog": ("kind:rs.run", SessionLoopActor),
     "session_round_limit.buslog": ("kind:rs.run", SessionLoopActor),
     "subagent_run.buslog": ("kind:sa.run", SubagentRunActor),
+    "codex_tool_turn.buslog": ("cx/codex", CodexReplay),
 }
 
 
@@ -120,3 +135,28 @@ def test_a_different_tool_outcome_diverges_in_the_subagent_run() -> None:
     assert err.value.index is not None and err.value.index > target.n
     assert "router.count_tokens" in err.value.what
     assert any("MILK" in d and "body.texts" in d for d in err.value.diff), err.value.diff
+
+
+def test_a_different_child_line_diverges_where_the_adapter_reports_it() -> None:
+    """The Codex adapter's replay is compared too: had the child streamed another delta, the adapter's
+    reply to the caller's next_event would differ from the recorded one."""
+    from actors.codex.messages import ChildOutput
+    from transport.capture import Record
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "codex_tool_turn.buslog")
+    records = []
+    changed = False
+    for r in log.records:
+        if r.at == "deliver" and r.actor == "cx/codex" and decode_header(r.frames[0]).kind == ChildOutput.TAG:
+            body = reg.decode(ChildOutput.TAG, r.frames[1])
+            if b'"delta":"Paris"' in body.data:
+                body = ChildOutput(stream="stdout", data=body.data.replace(b'"Paris"', b'"Lyon"'))
+                r = Record(r.n, r.at, r.actor, r.mono_ns, (r.frames[0], reg.encode(body)), r.hash)
+                changed = True
+        records.append(r)
+    assert changed
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(CaptureLog(log.path, log.header, tuple(records), None), "cx/codex", reg).run(CodexReplay)
+    assert "body.text: expected 'Paris', got 'Lyon'" in err.value.diff

@@ -1,4 +1,4 @@
-"""Provider clients behind the Router: local (llama.cpp, the embedded default), openai, scripted."""
+"""Provider clients behind the Router: local (llama.cpp, the embedded default), openai, codex, scripted."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def build_provider(entry: Any, *, env: Mapping[str, str] | None = None) -> Provi
         if key_var and not api_key:
             raise ProviderConfigError(f"provider {entry.name}: environment variable {key_var} is not set")
         return OpenAIProvider(api_key=api_key or "not-needed", **options)
+    if kind == "codex":
+        from actors.router.providers.codex import CodexProvider
+
+        return CodexProvider(**options)
     raise ProviderConfigError(f"provider {entry.name}: unknown kind {kind!r}")
 
 

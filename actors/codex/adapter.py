@@ -1,0 +1,302 @@
+"""The Codex adapter's facades: ``Adapter`` and ``Turn`` (RULES.md Appendix C.2), usable from any thread of
+any process on the bus; the state lives in one ``CodexAdapterActor`` per child (``actors.codex.actor``).
+
+Signatures (C.2, with these additions and nothing removed):
+
+    Adapter.open(config, *, bus=None, timeout=None, launch: LaunchOptions | None = None, name=None) -> Adapter
+        ``launch`` (addition): model server URL / CODEX_HOME / extra args for the child (see LaunchOptions).
+        ``bus``: the Node to spawn the actor on (None: a private in-process node, made once per process).
+    Adapter.attach(bus, address, *, timeout=None) -> Adapter        (addition) a new handle (Retain) on an
+        adapter actor that runs elsewhere, e.g. in another process.
+    Adapter.clone() -> Adapter;  Adapter.close() -> None;  with Adapter ...: (exit == close)
+    Adapter.start_turn(conversation_key, input, *, timeout=None) -> Turn
+    Adapter.start_turn_future(conversation_key, input, *, timeout=None) -> Future[Turn]
+    Adapter.diagnostics(*, timeout=None) -> bytes
+    Adapter.address -> str  (the actor)
+    Turn.next_event(*, timeout=None) -> Event | None;  Turn.next_event_future(*, timeout=None)
+    Turn.respond(call_id, result, *, timeout=None) -> None
+    Turn.respond_future(call_id, result, *, timeout=None) -> Future[None]
+    Turn.abandon(*, timeout=None) -> None;  with Turn ...: (exit == abandon)
+    Turn.usage(*, timeout=None) -> TokenUsage | None   (addition) codex's token counts for the turn so far
+    Turn.conversation_key, Turn.turn_id
+
+Every failure is an ``AdapterError``; a vanished adapter actor (``NotDelivered``/``Unavailable``) is raised
+as ``AdapterError(UNAVAILABLE)`` (MB-10); a ``timeout`` that runs out raises ``BusTimeout`` (Expired).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import itertools
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from actors.codex.actor import CodexAdapterActor, LaunchOptions
+from actors.codex.messages import (
+    Abandon,
+    AwaitOpen,
+    Diagnostics,
+    DiagnosticsReply,
+    NextEvent,
+    Release,
+    Respond,
+    Retain,
+    StartTurn,
+    TurnStarted,
+    TurnUsage,
+    TurnUsageReply,
+)
+from actors.codex.types import (
+    AdapterConfig,
+    AdapterError,
+    Done,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    validate_config,
+)
+from actors.types import TokenUsage, ToolResult
+from transport.errors import BusError, NotDelivered, Unavailable
+from transport.messages import Ok
+from transport.node import Node
+from transport.pending import forbid_blocking
+
+DEFAULT_TIMEOUT = 60.0
+_names = itertools.count(1)
+_private: list[Node] = []  # the process's private node for ``bus=None`` (made once, on first use)
+
+
+def _private_node() -> Node:
+    """No lock (MB-01): two threads opening the very first adapter at once may each start a node; the
+    first one appended is used from then on, and any other stays idle until exit."""
+    if not _private or not _private[0].running:
+        from actors.nodes import registry
+
+        node = Node(f"codex-{os.getpid()}-{next(_names)}", registry=registry()).start()
+        atexit.register(node.stop)
+        _private.insert(0, node)
+    return _private[0]
+
+
+def _typed(error: BaseException, address: str) -> BaseException:
+    if isinstance(error, NotDelivered | Unavailable) and not isinstance(error, AdapterError):
+        gone = AdapterError(ErrorKind.UNAVAILABLE, f"codex adapter {address} is gone: {error.message}")
+        gone.__cause__ = error
+        return gone
+    return error
+
+
+def _mapped(
+    inner: concurrent.futures.Future[Any], convert: Callable[[Any], Any], address: str
+) -> concurrent.futures.Future[Any]:
+    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(fut: concurrent.futures.Future[Any]) -> None:
+        error = fut.exception()
+        if error is not None:
+            outer.set_exception(_typed(error, address))
+            return
+        try:
+            outer.set_result(convert(fut.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            outer.set_exception(exc)
+
+    inner.add_done_callback(done)
+    return outer
+
+
+class _Link:
+    """The node and actor address a facade talks to, with its default timeout."""
+
+    __slots__ = ("address", "node", "timeout")
+
+    def __init__(self, node: Node, address: str, timeout: float) -> None:
+        self.node = node
+        self.address = address
+        self.timeout = timeout
+
+    def t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def call(self, message: Any, timeout: float | None) -> Any:
+        forbid_blocking("the codex adapter facade")
+        try:
+            return self.node.request(self.address, message, timeout=self.t(timeout))
+        except (NotDelivered, Unavailable) as exc:
+            if isinstance(exc, AdapterError):
+                raise
+            raise _typed(exc, self.address) from exc
+
+    def future(
+        self, message: Any, timeout: float | None, convert: Callable[[Any], Any]
+    ) -> concurrent.futures.Future[Any]:
+        inner = self.node.request_future(self.address, message, timeout=self.t(timeout))
+        return _mapped(inner, convert, self.address)
+
+
+class Adapter:
+    """A handle on one Codex-adapter actor (one child). Clones share the child and the key registry."""
+
+    def __init__(self, link: _Link) -> None:
+        self._link = link
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._link.address
+
+    @classmethod
+    def open(
+        cls,
+        config: AdapterConfig,
+        *,
+        bus: Node | None = None,
+        timeout: float | None = None,
+        launch: LaunchOptions | None = None,
+        name: str | None = None,
+    ) -> Adapter:
+        """AD-04/05/06: validate (nothing spawned on a bad config), start the child, finish the handshake."""
+        validate_config(config)
+        node = bus if bus is not None else _private_node()
+        actor_name = name or f"codex-{os.getpid()}-{next(_names)}"
+        ref = node.spawn(CodexAdapterActor, actor_name, config=config, launch=launch)
+        link = _Link(node, f"{node.name}/{actor_name}", DEFAULT_TIMEOUT if timeout is None else timeout)
+        try:
+            link.call(AwaitOpen(), timeout)
+        except BaseException:
+            ref.stop(block=True, timeout=10)  # reaps the child (AD-05)
+            raise
+        return cls(link)
+
+    @classmethod
+    def attach(cls, bus: Node, address: str, *, timeout: float | None = None) -> Adapter:
+        """A new handle on a running adapter actor at ``address`` (any node ``bus`` reaches)."""
+        link = _Link(bus, address, DEFAULT_TIMEOUT if timeout is None else timeout)
+        link.call(Retain(), timeout)
+        return cls(link)
+
+    def clone(self) -> Adapter:
+        """AD-08: another handle on the same child; ``close`` each one."""
+        self._check()
+        self._link.call(Retain(), None)
+        return Adapter(self._link)
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """AD-17: release this handle; the last release closes and reaps the child. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(AdapterError):  # the actor is gone already: nothing left to release
+            self._link.call(Release(), timeout)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AdapterError(ErrorKind.UNAVAILABLE, "this adapter handle is closed")
+
+    def start_turn(self, conversation_key: str, input: str, *, timeout: float | None = None) -> Turn:
+        """AD-09/AD-14: returns once the app-server accepted the turn; ``BUSY`` if the key has one."""
+        self._check()
+        reply = self._link.call(StartTurn(conversation_key=conversation_key, input=input), timeout)
+        return Turn(self._link, conversation_key, reply.turn_id)
+
+    def start_turn_future(
+        self, conversation_key: str, input: str, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        self._check()
+        link = self._link
+
+        def turn(reply: TurnStarted) -> Turn:
+            return Turn(link, conversation_key, reply.turn_id)
+
+        return link.future(StartTurn(conversation_key=conversation_key, input=input), timeout, turn)
+
+    def diagnostics(self, *, timeout: float | None = None) -> bytes:
+        """AD-15: a copy of the most recent (≤ 1 MiB) stderr bytes of the child."""
+        reply: DiagnosticsReply = self._link.call(Diagnostics(), timeout)
+        return reply.stderr
+
+    def __enter__(self) -> Adapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Adapter({self._link.address}{', closed' if self._closed else ''})"
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            warnings.warn(f"{self!r} was not closed", ResourceWarning, stacklevel=1)
+
+
+class Turn:
+    """One active turn on a conversation key. ``abandon()`` (or leaving ``with``) is the Rust drop."""
+
+    def __init__(self, link: _Link, conversation_key: str, turn_id: str) -> None:
+        self._link = link
+        self.conversation_key = conversation_key
+        self.turn_id = turn_id
+        self._state = "active"  # local view for repr (TU-11): active | finished | abandoned
+
+    def _seen(self, event: Any) -> Event | None:
+        if isinstance(event, Ok) or event is None:
+            if self._state == "active":
+                self._state = "finished"
+            return None
+        if isinstance(event, Done | ErrorEvent):
+            self._state = "finished"
+        return event  # type: ignore[no-any-return]
+
+    def next_event(self, *, timeout: float | None = None) -> Event | None:
+        """TU-01/02: the next provider event; the terminal one once; then ``None``."""
+        if self._state != "active":
+            return None
+        return self._seen(self._link.call(NextEvent(turn_id=self.turn_id), timeout))
+
+    def next_event_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        if self._state != "active":
+            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        return self._link.future(NextEvent(turn_id=self.turn_id), timeout, self._seen)
+
+    def respond(self, call_id: str, result: ToolResult, *, timeout: float | None = None) -> None:
+        """TU-07/08: answer a surfaced, still pending call; any other id is ``INVALID_TOOL_RESULT``."""
+        self._link.call(Respond(turn_id=self.turn_id, call_id=call_id, result=result), timeout)
+
+    def respond_future(
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._link.future(
+            Respond(turn_id=self.turn_id, call_id=call_id, result=result), timeout, lambda _: None
+        )
+
+    def usage(self, *, timeout: float | None = None) -> TokenUsage | None:
+        """The token usage codex reported for this turn so far (sum over its model requests); ``None``
+        before the first report. Readable after the turn ended (not part of the seed: an addition)."""
+        reply: TurnUsageReply = self._link.call(TurnUsage(turn_id=self.turn_id), timeout)
+        return reply.usage
+
+    def abandon(self, *, timeout: float | None = None) -> None:
+        """TU-05/06: interrupt an unfinished turn and free its key; a no-op when finished or abandoned."""
+        if self._state != "active":
+            return
+        self._state = "abandoned"
+        with contextlib.suppress(AdapterError):
+            self._link.call(Abandon(turn_id=self.turn_id), timeout)
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abandon()
+
+    def __repr__(self) -> str:
+        return f"Turn(key={self.conversation_key!r}, id={self.turn_id}, state={self._state})"
+
+
+__all__ = ["Adapter", "BusError", "LaunchOptions", "Turn"]

@@ -1,0 +1,122 @@
+"""The Codex-adapter actor's wire messages (RULES.md C.3: Retain, Release, StartTurn, NextEvent, Respond,
+Abandon, Diagnostics) and the child's output as the actor receives it.
+
+The child's stdout lines and stderr chunks reach the actor as ``ChildOutput`` tells from its reader
+threads (senders ``<node>/<actor>.stdout`` and ``.stderr``), so a capture records them as deliveries and a
+replay feeds them back without a child. What the actor writes to the child is recorded as ``effect``
+records keyed by the written bytes, so a replay compares those too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from actors.codex.types import CODEX_TYPE_ERRORS, CODEX_TYPES
+from actors.types import TokenUsage, ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitOpen:
+    """Answered with ``Ok`` once the child finished the handshake, or with the ``AdapterError``."""
+
+    TAG: ClassVar[str] = "codex.await_open"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retain:
+    TAG: ClassVar[str] = "codex.retain"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    TAG: ClassVar[str] = "codex.release"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTurn:
+    TAG: ClassVar[str] = "codex.start_turn"
+    conversation_key: str
+    input: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted:
+    TAG: ClassVar[str] = "codex.turn_started"
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NextEvent:
+    """Answered with one event, or ``Ok`` once the terminal event was delivered (TU-02)."""
+
+    TAG: ClassVar[str] = "codex.next_event"
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Respond:
+    TAG: ClassVar[str] = "codex.respond"
+    turn_id: str
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abandon:
+    TAG: ClassVar[str] = "codex.abandon"
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnUsage:
+    """Answered with ``TurnUsageReply``: the token usage the app-server reported for the turn so far."""
+
+    TAG: ClassVar[str] = "codex.turn_usage"
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnUsageReply:
+    TAG: ClassVar[str] = "codex.turn_usage_reply"
+    usage: TokenUsage | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnostics:
+    TAG: ClassVar[str] = "codex.diagnostics"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnosticsReply:
+    TAG: ClassVar[str] = "codex.diagnostics_reply"
+    stderr: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildOutput:
+    """One stdout line, one stderr chunk, or the child's exit (``code``), from the reader threads."""
+
+    TAG: ClassVar[str] = "codex.child"
+    stream: Literal["stdout", "stderr", "exit"]
+    data: bytes = b""
+    code: int | None = None
+
+
+CODEX_MESSAGES = (
+    *CODEX_TYPES,
+    AwaitOpen,
+    Retain,
+    Release,
+    StartTurn,
+    TurnStarted,
+    NextEvent,
+    Respond,
+    Abandon,
+    Diagnostics,
+    DiagnosticsReply,
+    ChildOutput,
+    TurnUsage,
+    TurnUsageReply,
+)
+CODEX_ERRORS = CODEX_TYPE_ERRORS
