@@ -82,6 +82,10 @@ def _private_node() -> Node:
     return _private[0]
 
 
+class _PrivateCodexAdapterActor(CodexAdapterActor):
+    use_daemon_thread = True
+
+
 def _typed(error: BaseException, address: str) -> BaseException:
     if isinstance(error, NotDelivered | Unavailable) and not isinstance(error, AdapterError):
         gone = AdapterError(ErrorKind.UNAVAILABLE, f"codex adapter {address} is gone: {error.message}")
@@ -163,7 +167,10 @@ class Adapter:
         validate_config(config)
         node = bus if bus is not None else _private_node()
         actor_name = name or f"codex-{os.getpid()}-{next(_names)}"
-        ref = node.spawn(CodexAdapterActor, actor_name, config=config, launch=launch)
+        # On the private node the actor's thread is a daemon: a handle left open must not keep the interpreter
+        # from reaching its atexit hooks, where the node stops and the child is closed and reaped.
+        kind = CodexAdapterActor if bus is not None else _PrivateCodexAdapterActor
+        ref = node.spawn(kind, actor_name, config=config, launch=launch)
         link = _Link(node, f"{node.name}/{actor_name}", DEFAULT_TIMEOUT if timeout is None else timeout)
         try:
             link.call(AwaitOpen(), timeout)
@@ -178,6 +185,11 @@ class Adapter:
         link = _Link(bus, address, DEFAULT_TIMEOUT if timeout is None else timeout)
         link.call(Retain(), timeout)
         return cls(link)
+
+    @property
+    def node(self) -> Node:
+        """The node this handle talks through (a Shim's actor runs there)."""
+        return self._link.node
 
     def clone(self) -> Adapter:
         """AD-08: another handle on the same child; ``close`` each one."""

@@ -67,23 +67,16 @@ ACKNOWLEDGEMENT = ToolResult(success=True, output=ASYNC_TOOL_ACKNOWLEDGEMENT)  #
 
 
 class AdapterHandle(Protocol):
-    """What the shim needs of an ``Adapter`` handle: where its actor is, and releasing the handle. The
-    node the handle talks through is its ``node`` attribute (or that of its link)."""
+    """What the shim needs of an ``Adapter`` handle: where its actor is, the node the handle talks through
+    (the shim's actor runs there), and releasing the handle."""
 
     @property
     def address(self) -> str: ...
 
+    @property
+    def node(self) -> Node: ...
+
     def close(self) -> None: ...
-
-
-def node_of(adapter: AdapterHandle) -> Node:
-    """The node an adapter handle talks through: the shim's actor runs there."""
-    node = getattr(adapter, "node", None)
-    if node is None:
-        node = getattr(getattr(adapter, "_link", None), "node", None)
-    if node is None:
-        raise TypeError(f"{adapter!r} names no node to reach its adapter actor through")
-    return node  # type: ignore[no-any-return]
 
 
 class LaunchRejected(Exception):
@@ -617,7 +610,7 @@ class Shim(Generic[B]):
         self.adapter = adapter
         self.conversation_key = conversation_key
         self.timeout = timeout  # bounds record_box / pending_box_count, never an infer
-        node = node_of(adapter)
+        node = adapter.node
         self._ref = node.spawn(
             ShimActor,
             f"shim.{uuid.uuid4().hex}",

@@ -394,3 +394,40 @@ def test_two_pending_calls_are_answered_in_any_order(open_adapter: Any, model: A
     assert drain(turn) == [TextDelta("both"), Done()]
     outputs = {o["call_id"]: o["output"] for o in function_outputs(server.requests()[1])}
     assert outputs == {"c1": "Paris: sun", "c2": "Rome: rain"}
+
+
+LEAKED_HANDLE = """
+import os, sys
+from actors.codex.adapter import Adapter
+from actors.codex.binary import find_codex
+from actors.codex.types import AdapterConfig
+
+config = AdapterConfig(executable=str(find_codex()), working_directory=sys.argv[1], model="fake-model",
+                       reasoning_effort=None, base_instructions="x", tools=())
+adapter = Adapter.open(config, timeout=20)  # never closed
+children = [p for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/stat")
+            and open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[1] == str(os.getpid())]
+print(" ".join(children), flush=True)
+"""
+
+
+def test_a_handle_never_closed_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """AD-17 / C.1 (drop -> explicit release): a process that forgets to close its last handle still exits,
+    and its exit hook closes and reaps the child (the private node's adapter thread is a daemon)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-c", LEAKED_HANDLE, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        children = [int(p) for p in proc.stdout.readline().split()]
+        assert children, "the adapter started no child"
+        assert proc.wait(timeout=T) == 0
+        for pid in children:  # reaped by its parent's exit hook: no zombie, no orphan left running
+            assert not Path(f"/proc/{pid}").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=T)
