@@ -4,9 +4,11 @@ Each tool is a plain function with type hints and a docstring, so a tool registr
 description and JSON schema from it. A tool either returns its result as text or raises ``ToolRefused``
 with a one-line reason meant for the model (and the user) to read.
 
-- ``calculate(expression)``: arithmetic over an AST allow-list, never ``eval``. Numbers, ``+ - * / // %
-  **``, parentheses, unary minus and plus, the constants ``pi``/``e``/``tau`` and a few ``math`` functions.
-  ``^`` is read as a power, and the multiplication and division signs as ``*`` and ``/``.
+- ``calculate(expression)``: returns ``"EXPRESSION = VALUE"`` (the embedded 135M model copies that line
+  into its answer; after a bare number it rambled). Arithmetic over an AST allow-list, never ``eval``:
+  numbers, ``+ - * / // % **``, parentheses, unary minus and plus, the constants ``pi``/``e``/``tau``
+  and a few ``math`` functions. ``^`` is read as a power, the multiplication and division signs as
+  ``*`` and ``/``.
   Sizes are bounded: the expression's length, every integer's size in bits (checked *before* a power is
   computed, so ``9**9**9`` is refused at once) and float overflow.
 - ``read_file(path)`` and ``list_dir(path)``: read-only, confined to one working directory. A path is
@@ -172,7 +174,7 @@ def _format(value: Number) -> str:
 
 
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return its value.
+    """Evaluate an arithmetic expression; returns "EXPRESSION = VALUE", e.g. "6 * 7 = 42".
 
     Supports numbers, + - * / // % ** (or ^), parentheses, pi, e, and the functions sqrt, exp, log,
     log10, log2, sin, cos, tan, floor, ceil, abs, round, min, max, factorial. Example: "(12 + 30) * 2".
@@ -182,7 +184,7 @@ def calculate(expression: str) -> str:
         raise ToolRefused("the expression is empty")
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ToolRefused(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
-    text = text.replace("^", "**").replace("\u00d7", "*").replace("\u00f7", "/")
+    shown, text = text, text.replace("^", "**").replace("\u00d7", "*").replace("\u00f7", "/")
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
@@ -190,7 +192,7 @@ def calculate(expression: str) -> str:
     except (ValueError, MemoryError, RecursionError):  # NUL bytes, absurd nesting
         raise ToolRefused("not an arithmetic expression") from None
     try:
-        return _format(_evaluate(tree))
+        return f"{shown} = {_format(_evaluate(tree))}"
     except RecursionError:
         raise ToolRefused("the expression is nested too deeply") from None
 

@@ -37,7 +37,7 @@ from actors.builtin_tools import MAX_EXPRESSION_CHARS, ToolRefused, builtin_tool
     ],
 )
 def test_calculator_computes(expression: str, value: str) -> None:
-    assert calculate(expression) == value
+    assert calculate(expression) == f"{expression.rstrip('= ')} = {value}"
 
 
 @pytest.mark.parametrize(
