@@ -177,7 +177,10 @@ def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression; returns "EXPRESSION = VALUE", e.g. "6 * 7 = 42".
 
     Supports numbers, + - * / // % ** (or ^), parentheses, pi, e, and the functions sqrt, exp, log,
-    log10, log2, sin, cos, tan, floor, ceil, abs, round, min, max, factorial. Example: "(12 + 30) * 2".
+    log10, log2, sin, cos, tan, floor, ceil, abs, round, min, max, factorial.
+
+    Args:
+        expression: the arithmetic to evaluate, e.g. "(12 + 30) * 2".
     """
     text = expression.strip().rstrip("=").strip()
     if not text:
@@ -297,14 +300,16 @@ def builtin_tools(
     def read_file(path: str) -> str:
         """Return the text of a file in the working directory (bounded; longer files are truncated).
 
-        path: relative to the working directory, e.g. "notes.txt" or "src/main.py".
+        Args:
+            path: relative to the working directory, e.g. "notes.txt" or "src/main.py".
         """
         return _read_file(folder, path, max_chars)
 
     def list_dir(path: str = ".") -> str:
         """List a directory in the working directory, one entry a line (directories end with /).
 
-        path: relative to the working directory; "." is the working directory itself.
+        Args:
+            path: relative to the working directory; "." is the working directory itself.
         """
         return _list_dir(folder, path, max_entries)
 
