@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from actors.conversation import CONVERSATION_ERRORS, CONVERSATION_MESSAGES
 from actors.echo import EchoActor
 from actors.inference import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
@@ -44,6 +45,7 @@ ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
 
 MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES, *SESSION_MESSAGES)
 ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS, *SESSION_ERRORS)
+MESSAGES, ERRORS = (*MESSAGES, *CONVERSATION_MESSAGES), (*ERRORS, *CONVERSATION_ERRORS)
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:
