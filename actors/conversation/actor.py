@@ -90,6 +90,7 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import TokenUsage, ToolCall, ToolCallError
+from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
 
@@ -330,7 +331,7 @@ class ConversationActor(BusActor):
             if isinstance(result, BaseException):
                 ctx.fail(result)
             else:
-                ctx.reply(result)
+                ctx.reply(Ok() if result is None else result)
         if self._current is not None and self._current.ctx is ctx:
             self._current = None
         self._drain()

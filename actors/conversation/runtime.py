@@ -175,6 +175,11 @@ class ConversationRuntime:
         """Send later events to ``sink`` and re-bind the sink-holding tools to it (ES-02)."""
         self._call(SetEventSink(address=self._sink_address(sink), rebind_tools=True), timeout, _none)
 
+    def set_event_sink_future(
+        self, sink: EventSink | None, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(SetEventSink(address=self._sink_address(sink), rebind_tools=True), timeout, _none)
+
     def replace_event_sink(self, sink: EventSink | None, *, timeout: float | None = None) -> None:
         """Send the runtime's own events to ``sink``; sink-holding tools keep their sink (ES-03)."""
         self._call(SetEventSink(address=self._sink_address(sink), rebind_tools=False), timeout, _none)
