@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -319,11 +320,22 @@ class Agent:
         self.model = args.model
         self.loaded: set[str] = set()  # models that answered once (the local model loads on first use)
         self.last_outcome: Any = None
+        self.ledger: Path | None = None  # in-process: the Router's receipt ledger
+        # Every operation id the conversation starts a kernel run under (on its actor thread; list.append
+        # is atomic): the Router files each provider turn's receipt under its parent operation.
+        self.operations: list[uuid.UUID] = []
+
+    def _new_operation(self) -> uuid.UUID:
+        op = uuid.uuid4()
+        self.operations.append(op)
+        return op
 
     # ------------------------------------------------------------------------------ start and stop
     def start(self) -> None:
-        from actors.conversation import ConversationRuntime, ToolRegistry, ToolRegistryError
+        from actors.conversation import Compactor, ConversationRuntime, ToolRegistry, ToolRegistryError
 
+        if self.args.max_steps < 1:
+            raise CliError("--max-steps must be at least 1")
         registry = ToolRegistry()  # load tools before starting anything: a bad spec starts nothing
         try:
             workdir = Path(self.args.workdir or os.getcwd())
@@ -339,7 +351,9 @@ class Agent:
             self._connect()
         else:
             self._in_process()
-        self.check_model(self.model)
+        resolved = self.check_model(self.model)
+        # Cross-turn compaction (and /compact) once the estimate passes half the model's input budget.
+        compactor = Compactor(threshold_tokens=max(256, resolved.max_input_tokens // 2), keep_recent_n=4)
         builder = (
             ConversationRuntime.builder()
             .node(self.node)
@@ -350,10 +364,12 @@ class Agent:
                 self.args.system if self.args.system is not None else system_prompt(registry.specs())
             )
             .event_sink(self.printer)
+            .compactor(compactor)
             .max_steps(self.args.max_steps)
             .round_timeout(self.args.timeout)
             .timeout(self.args.timeout + 30.0)
             .user_id(os.environ.get("USER", "kbus"))
+            .operation_ids(self._new_operation)
         )
         if self.args.session:
             builder = builder.session_file(self.args.session)
@@ -375,8 +391,10 @@ class Agent:
             self.node = build_node(settings)
         except ConfigError as exc:
             raise CliError(f"{exc}") from None
-        router = next(a.name for a in settings.actors if a.type == "router")
-        self.router = f"{self.node.name}/{router}"
+        router = next(a for a in settings.actors if a.type == "router")
+        self.router = f"{self.node.name}/{router.name}"
+        data_dir = router.options.get("data_dir", settings.node.data_dir)
+        self.ledger = Path(str(data_dir)) / "receipts.sqlite3"
 
     def _connect(self) -> None:
         from actors.nodes import registry
@@ -400,14 +418,14 @@ class Agent:
             raise CliError(f"--connect {self.args.connect}: {exc}", 3) from None
         self.router = f"{self.args.node}/{self.args.router}"
 
-    def check_model(self, model: str) -> None:
-        """The Router knows ``model`` (CliError 2 if not; 3 if the Router does not answer)."""
+    def check_model(self, model: str) -> Any:
+        """The Router's ResolvedAgentModel for ``model`` (CliError 2 if unknown; 3 if no Router answers)."""
         from actors.router.catalog import UnknownModel
         from actors.router.client import RouterClient
         from transport import BusError
 
         try:
-            RouterClient(self.node, self.router).resolve_model(model, timeout=CONNECT_WAIT)
+            return RouterClient(self.node, self.router).resolve_model(model, timeout=CONNECT_WAIT)
         except UnknownModel as exc:
             raise CliError(f"{exc}") from None
         except BusError as exc:
@@ -438,6 +456,7 @@ class Agent:
         self.printer.begin()
         waiting = "thinking" if self.model in self.loaded else f"loading {self.model} and thinking"
         self.progress.start(waiting)
+        first_operation = len(self.operations)
         future = self.runtime.run_future(text)
         try:
             while True:
@@ -460,18 +479,31 @@ class Agent:
         if not self.printer.streamed and outcome.final_text:
             self.printer._write(outcome.final_text)
         self.printer.newline()
-        self.out.write(self.summary(outcome) + "\n")
+        self.out.write(self.summary(outcome, self.operations[first_operation:]) + "\n")
         self.out.flush()
         return outcome
 
-    def summary(self, outcome: Any) -> str:
+    def receipts(self, operations: Sequence[uuid.UUID]) -> str:
+        """The turn's receipt ids: from the Router's ledger in-process, else where to find them."""
+        if self.ledger is None:
+            node = self.router.partition("/")[0]
+            return f"in {node}'s ledger under operation {', '.join(map(str, operations)) or '(none)'}"
+        from actors.router.ledger import ReceiptLedger
+
+        ledger = ReceiptLedger(self.ledger)  # shared with the Router: sqlite WAL, many readers
+        try:
+            ids = [r.receipt_id for op in operations for r in ledger.for_parent(op)]
+        finally:
+            ledger.close()
+        return ", ".join(ids) or "(none)"
+
+    def summary(self, outcome: Any, operations: Sequence[uuid.UUID]) -> str:
         usage = outcome.usage
-        receipts = getattr(outcome, "receipt_ids", None) or ()
         calls = outcome.steps
         return (
             f"[done] {outcome.finish_reason} · {calls} tool call{'s' if calls != 1 else ''} · "
             f"tokens in {usage.prompt_tokens} out {usage.completion_tokens} total {usage.total_tokens} · "
-            f"receipts: {', '.join(receipts) if receipts else '(none reported)'}"
+            f"receipts: {self.receipts(operations)}"
         )
 
 
