@@ -53,6 +53,7 @@ from actors.conversation.messages import (
     ToolList,
     TranscriptReply,
     TruncateTranscript,
+    WithdrawEnqueued,
 )
 from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
 from actors.conversation.types import (
@@ -234,6 +235,14 @@ class ConversationActor(BusActor):
                 if cancelled:
                     self._cancelled.add(token_id)
                 return None
+            case WithdrawEnqueued(ticket=ticket):
+                for command in list(self._waiting):
+                    m = command.message
+                    if isinstance(m, EnqueueText) and m.ticket == ticket and ticket:
+                        self._waiting.remove(command)
+                        if not command.ctx.done:
+                            command.ctx.reply(EnqueueResult(outcome=None))
+                return None
             case CancelToken(token_id=token_id):
                 self._cancelled.add(token_id)
                 if token_id == self._token and self._run is not None:
@@ -282,20 +291,44 @@ class ConversationActor(BusActor):
         return super().on_local(message)
 
     def on_stop(self) -> None:
+        while self._waiting:  # QU-04: enqueued messages that never ran resolve to None
+            command = self._waiting.popleft()
+            if isinstance(command.message, EnqueueText) and not command.ctx.done:
+                command.ctx.reply(EnqueueResult(outcome=None))
         if self._journal is not None:
             self._journal.close()
         super().on_stop()
 
     # ---------------------------------------------------------------------------------- helpers
-    def _log(self, level: int, msg: str, *args: Any) -> None:
-        extra = {"session_id": self._session_id} if self._session_id is not None else None
-        log.log(level, "%s: " + msg, self.address, *args, extra=extra)
+    def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
+        """A log record of this session: ``session_id`` once set (SID-01/SID-02), plus ``fields``."""
+        extra = {"session_id": self._session_id, **fields} if self._session_id is not None else fields
+        log.log(level, "%s: " + msg, self.address, *args, extra=extra or None)
 
     def _emit(self, event: Any) -> None:
         if self._journal is not None:
-            self._journal.event(event)
+            try:
+                self._journal.event(event)
+            except OSError:  # a full disk must not wedge the session: loud, and the turn goes on
+                log.exception("%s: cannot write the session file", self.address)
         if self._sink is not None:
             self.tell_to(self._sink, event)
+
+    def ask(self, dst: str, message: Any, then: Callable[[Reply], None], **kwargs: Any) -> bytes:
+        """``BusActor.ask`` whose continuation, should it raise (a bug), fails the running command instead
+        of leaving its caller waiting until the deadline."""
+
+        def guarded(reply: Reply) -> None:
+            try:
+                then(reply)
+            except Exception as exc:
+                log.exception("%s: continuation for %s raised", self.address, type(message).__name__)
+                current = self._current
+                if current is not None:
+                    self._run = None
+                    self._done(current.ctx, exc)
+
+        return super().ask(dst, message, guarded, **kwargs)
 
     def _cancel_requested(self) -> bool:
         return self._token is not None and self._token in self._cancelled
@@ -418,7 +451,14 @@ class ConversationActor(BusActor):
         self._turn_index += 1  # CV-05: a turn counts once started
         self._transcript.append(Message.user(text))  # CV-01 (its event follows the turn, CV-09)
         user_at = len(self._transcript) - 1
-        self._log(logging.INFO, "turn %d started (model %s)", index, self._model)
+        self._log(
+            logging.INFO,
+            "turn %d started (model %s)",
+            index,
+            self._model,
+            span="conversation.turn",
+            turn_index=index,
+        )
 
         def answer(result: Any) -> None:
             if wrap and isinstance(result, RuntimeOutcome):
@@ -503,7 +543,15 @@ class ConversationActor(BusActor):
             if error is not None:  # CV-11: logged, never discards the outcome
                 self._log(logging.WARNING, "cross-turn compaction failed: %r", error)
             self._emit(TurnFinished(turn_index=run.turn_index, finish_reason=run.finish, usage=usage))
-            self._log(logging.INFO, "turn %d finished: %s", run.turn_index, run.finish)
+            self._log(
+                logging.INFO,
+                "turn %d finished: %s",
+                run.turn_index,
+                run.finish,
+                span="conversation.turn",
+                turn_index=run.turn_index,
+                finish_reason=str(run.finish),
+            )
             answer(outcome)
 
         self._maybe_compact(usage, compacted)  # CV-11

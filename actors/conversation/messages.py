@@ -27,6 +27,7 @@ class RunTurn:
 class EnqueueText:
     TAG: ClassVar[str] = "conv.enqueue"
     text: str
+    ticket: str = ""  # the caller's id for it: ``WithdrawEnqueued(ticket)`` takes it back before it runs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +108,14 @@ class SetInterruptToken:
     TAG: ClassVar[str] = "conv.set_token"
     token_id: str
     cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WithdrawEnqueued:
+    """QU-04: the caller cancelled its enqueue future; a message still waiting resolves to None."""
+
+    TAG: ClassVar[str] = "conv.withdraw"
+    ticket: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,6 +218,7 @@ MESSAGES = (
     EnqueueResult,
     SetInterruptToken,
     CancelToken,
+    WithdrawEnqueued,
     GetTranscript,
     TranscriptReply,
     GetStatus,

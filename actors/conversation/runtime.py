@@ -32,6 +32,7 @@ from actors.conversation.messages import (
     StatusReply,
     TranscriptReply,
     TruncateTranscript,
+    WithdrawEnqueued,
 )
 from actors.conversation.sinks import EventSink, NullSink, RemoteSink, SinkActor
 from actors.conversation.token import CancellationToken
@@ -89,6 +90,8 @@ class ConversationRuntime:
         outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def done(fut: concurrent.futures.Future[Any]) -> None:
+            if outer.done():  # the caller cancelled it
+                return
             error = fut.exception()
             if error is not None:
                 outer.set_exception(error)
@@ -119,7 +122,17 @@ class ConversationRuntime:
         return self._call(EnqueueText(text=text), timeout, lambda r: r.outcome)  # type: ignore[no-any-return]
 
     def enqueue_future(self, text: str, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
-        return self._future(EnqueueText(text=text), timeout, lambda r: r.outcome)
+        """``cancel()`` on the returned future withdraws the message if it has not started (QU-04)."""
+        ticket = uuid.uuid4().hex
+        future = self._future(EnqueueText(text=text, ticket=ticket), timeout, lambda r: r.outcome)
+        node, address = self.node, self.address
+
+        def withdrawn(fut: concurrent.futures.Future[Any]) -> None:
+            if fut.cancelled():
+                node.tell(address, WithdrawEnqueued(ticket=ticket))
+
+        future.add_done_callback(withdrawn)
+        return future
 
     def maybe_compact_cross_turn(self, last_usage: ChatTokenUsage, *, timeout: float | None = None) -> None:
         self._call(MaybeCompact(usage=last_usage), timeout, _none)

@@ -39,6 +39,7 @@ from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
 from actors.router.providers.scripted import ScriptedProvider
+from transport.errors import Unavailable
 from transport.node import Node
 
 RUNTIME_EVENTS = (MessageAppended, TurnFinished, CompactionBoundary)
@@ -429,6 +430,35 @@ def test_qu04_each_enqueue_resolves_to_its_own_outcome(env: Env) -> None:
     assert (b.turn_index, b.final_text) == (1, "for B")
 
 
+def test_qu04_a_withdrawn_or_unrun_message_never_runs(env: Env) -> None:
+    """QU-04: cancelling B's future before B starts withdraws it (it never runs); messages still waiting
+    when the runtime stops resolve to None."""
+    rt = env.build()
+    env.script(call("gate", "a1", key="W"), text("A done"))
+    fa = rt.enqueue_future("A")
+    env.gates.wait_entered("W")
+    fb = rt.enqueue_future("B")
+    fc = rt.enqueue_future("C")
+    assert rt.queue_len() == 2
+    assert fb.cancel()
+    assert rt.queue_len() == 1  # the withdrawal is a control: applied while A still runs
+    env.gates.open("W")
+    assert fa.result(WAIT).final_text == "A done" and fc.result(WAIT).turn_index == 1
+    assert [m.content for m in rt.transcript() if m.role == "user"] == ["A", "C"]
+    env.script(call("gate", "d1", key="S"), text("D done"))
+    fd = rt.enqueue_future("D")
+    env.gates.wait_entered("S")
+    fe = rt.enqueue_future("E")
+    assert rt.queue_len() == 1
+    ref = env.node.lookup(rt.address.partition("/")[2])  # stop the conversation actor alone, D mid-tool
+    assert ref is not None
+    ref.stop(block=True, timeout=WAIT)
+    assert fe.result(WAIT) is None
+    with pytest.raises(Unavailable):
+        fd.result(WAIT)
+    env.gates.open("S")
+
+
 def test_qu05_a_failed_queued_turn_fails_only_its_caller(env: Env) -> None:
     """QU-05: A's turn fails → A's future raises; B still runs and resolves."""
     rt = env.build()
@@ -735,6 +765,8 @@ def test_sid01_sid02_session_id_labels_the_turn_log_records(
     assert before and all(not hasattr(r, "session_id") for r in before)
     assert first and {getattr(r, "session_id", None) for r in first} == {"a"}
     assert second and {getattr(r, "session_id", None) for r in second} == {"b"}
+    spans = [r for r in first if getattr(r, "span", None) == "conversation.turn"]  # the turn's span records
+    assert [getattr(r, "turn_index", None) for r in spans] == [1, 1]
 
 
 def test_llm01_llm03_set_llm_switches_later_turns_and_keeps_the_state(env: Env) -> None:
