@@ -4,30 +4,31 @@ It owns the transcript and runs commands one at a time in arrival order (a FIFO 
 while queries (``GetTranscript``, ``GetStatus``) and controls (``SetInterruptToken``, ``CancelToken``) are
 answered at once, mid-turn included: the actor never blocks its mailbox.
 
-One turn is one ``run_session`` (actors/session.py) over the Router: the actor spawns a ``SessionLoopActor``
-and is itself that loop's ``SessionHost``: ``prepare_round`` renders the transcript into the round's input
-and lists the tool host's tools in ``tool_description`` (the model calls them through ``call_ktool``);
-``execute_tool`` forwards the call to the ``ToolHostActor``; ``prepare_provider_resume`` is the step boundary
-where an interrupt (IT-01) or the step budget ends the turn after a tool result, so no call is ever left
-without its result. The summary of a compaction is one more ``run_session`` of the same kind.
+Each turn, and each compaction's summary, is a kernel run (kernel.py): one ``run_session`` over the Router
+with this actor as its ``SessionHost``.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from actors.base import DEFER, BusActor, Context
+from actors.base import DEFER, Context
 from actors.conversation import compaction
 from actors.conversation.journal import Journal, read_journal
+from actors.conversation.kernel import (
+    HOST_TIMEOUT,
+    SUMMARY_TOOL_DESCRIPTION,
+    ConversationConfig,
+    KernelHost,
+    KernelRun,
+    line_of,
+    render_input,
+)
 from actors.conversation.messages import (
     BindSink,
     CancelToken,
@@ -38,7 +39,6 @@ from actors.conversation.messages import (
     ConversationError,
     EnqueueResult,
     EnqueueText,
-    ExecuteTool,
     GetStatus,
     GetTranscript,
     ListTools,
@@ -55,24 +55,18 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
-from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
+from actors.conversation.tools import ToolSpec, describe_tools
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
     CompactionTrigger,
-    Compactor,
     FinishReason,
     Message,
     MessageAppended,
-    MessageToolCall,
     RuntimeOutcome,
     SessionEnd,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
     TurnFinished,
 )
-from actors.inference import PreparedRound
 from actors.router.messages import ResolveModel, TurnTextDelta
 from actors.session import (
     HostCompleteCapture,
@@ -81,94 +75,17 @@ from actors.session import (
     HostPrepareResume,
     HostPrepareRound,
     HostRecord,
-    ProviderResume,
-    RoundPreparation,
-    RunSession,
-    SessionControl,
-    SessionEvent,
-    SessionLoopActor,
-    SessionRunRequest,
-    SessionToolOutcome,
 )
-from actors.types import TokenUsage, ToolCall, ToolCallError
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConversationActor", "ConversationConfig", "render_input"]
-
-RUN_TIMEOUT = 24 * 3600.0  # one run_session; the callers' own deadlines bound their waits
-HOST_TIMEOUT = 3600.0
-SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
-
-
-@dataclass(frozen=True)
-class ConversationConfig:
-    router: str
-    model: str
-    host: str
-    system_prompt: str = ""
-    session_file: Path | None = None
-    resume: bool = True
-    compactor: Compactor | None = None
-    sink: str | None = None
-    session_id: str | None = None
-    hooks: tuple[Callable[[SessionEnd], None], ...] = ()
-    max_steps: int = 16
-    user_id: str = "conversation"
-    round_timeout: float | None = None
-    reasoning_effort: str = ""
-    operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
-
-
-def _line(m: Message) -> str:
-    match m.role:
-        case "user":
-            return f"User: {m.content}"
-        case "system":
-            return f"System: {m.content}"
-        case "tool":
-            status = "error" if m.is_error else "ok"
-            return f"Tool result ({m.tool_call_id}, {status}): {m.content}"
-    calls = "".join(f"\nAssistant called tool {c.name} with {c.arguments} ({c.id})" for c in m.tool_calls)
-    text = f"Assistant: {m.content}" if m.content or not calls else ""
-    return (text + calls).lstrip("\n")
-
-
-def render_input(system_prompt: str, transcript: list[Message] | tuple[Message, ...]) -> str:
-    """The text one round sends to the model: instructions, the conversation so far, the latest message."""
-    parts = [system_prompt] if system_prompt else []
-    history, latest = list(transcript), None
-    if history and history[-1].role == "user":
-        latest = history.pop()
-    if history:
-        parts.append("Conversation so far:\n" + "\n".join(_line(m) for m in history))
-    if latest is not None:
-        parts.append(latest.content if not history else f"User: {latest.content}")
-    return "\n\n".join(parts)
+__all__ = ["ConversationActor", "ConversationConfig"]
 
 
 # ------------------------------------------------------------------------------------------ states
-
-
-@dataclass
-class _KernelRun:
-    """One run_session in flight (a turn or a summary)."""
-
-    mode: Literal["turn", "summary"]
-    loop: str  # the session loop's address: the only sender the host handlers accept
-    model: str
-    provider_input: str
-    tool_description: str
-    turn_index: int = -1
-    new: list[Message] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)  # streamed text since the last tool call
-    steps: int = 0
-    usage: TokenUsage | None = None
-    finish: FinishReason = FinishReason.STOP
-    final: str | None = None
 
 
 @dataclass
@@ -182,10 +99,9 @@ class _HooksDone:
     ctx: Context
 
 
-class ConversationActor(BusActor):
+class ConversationActor(KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
-        super().__init__(node, address)
-        self.config = config
+        super().__init__(node, address, config=config)
         self._model = config.model
         self._sink = config.sink
         self._session_id = config.session_id
@@ -195,8 +111,6 @@ class ConversationActor(BusActor):
         self._waiting: deque[_Command] = deque()
         self._current: _Command | None = None
         self._draining = False
-        self._run: _KernelRun | None = None
-        self._loops = itertools.count()
         self._closed = False
         self._token: str | None = None
         self._cancelled: set[str] = set()
@@ -249,11 +163,8 @@ class ConversationActor(BusActor):
                     self._log(logging.INFO, "interrupt requested; the turn ends at the next step boundary")
                 return None
             # the session loop's host calls and the handle's streamed text
-            case TurnTextDelta(text=text):
-                run = self._run
-                if run is not None and run.mode == "turn":
-                    run.text.append(text)
-                    self._emit(TextDelta(turn_index=run.turn_index, text=text))
+            case TurnTextDelta():
+                self._text_delta(message, ctx)
                 return None
             case (
                 HostPrepareRound()
@@ -466,7 +377,7 @@ class ConversationActor(BusActor):
             self._done(ctx, result)
 
         if self._cancel_requested():  # IT-04: the first boundary comes before any model call
-            run = _KernelRun("turn", "", self._model, "", "", turn_index=index, finish=FinishReason.CANCELLED)
+            run = KernelRun("turn", "", self._model, "", "", turn_index=index, finish=FinishReason.CANCELLED)
             self._finish_turn(run, user_at, answer)
             return
 
@@ -475,7 +386,7 @@ class ConversationActor(BusActor):
                 self._fail_turn(user_at, reply.error, answer)
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
-            run = _KernelRun(
+            run = KernelRun(
                 "turn",
                 "",
                 self._model,
@@ -487,32 +398,8 @@ class ConversationActor(BusActor):
 
         self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
 
-    def _kernel(self, run: _KernelRun, then: Callable[[BaseException | None], None]) -> None:
-        """Run one run_session with this actor as its host; ``then(error)`` when it ends."""
-        name = f"{self.name}.loop.{next(self._loops)}"
-        self.node.spawn(SessionLoopActor, name)
-        run.loop = f"{self.node.name}/{name}"
-        self._run = run
-        request = SessionRunRequest(
-            user_id=self.config.user_id,
-            operation_id=self.config.operation_ids(),
-            rounds_used=0,
-            round_limit=1,
-        )
-
-        def ended(reply: Reply) -> None:
-            self._run = None
-            then(reply.error)
-
-        self.ask(
-            run.loop,
-            RunSession(request=request, host=self.address, router=self.config.router, observer=self.address),
-            ended,
-            timeout=RUN_TIMEOUT,
-        )
-
     def _turn_ran(
-        self, run: _KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]
+        self, run: KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]
     ) -> None:
         if error is not None:
             self._fail_turn(user_at, error, answer)
@@ -525,7 +412,7 @@ class ConversationActor(BusActor):
         self._log(logging.WARNING, "turn failed: %r", error)
         answer(error)
 
-    def _finish_turn(self, run: _KernelRun, user_at: int, answer: Callable[[Any], None]) -> None:
+    def _finish_turn(self, run: KernelRun, user_at: int, answer: Callable[[Any], None]) -> None:
         self._transcript.extend(run.new)  # CV-02, in kernel order
         usage = ChatTokenUsage.from_token_usage(run.usage)
         outcome = RuntimeOutcome(
@@ -555,108 +442,6 @@ class ConversationActor(BusActor):
             answer(outcome)
 
         self._maybe_compact(usage, compacted)  # CV-11
-
-    # ------------------------------------------------------------------------- the host protocol
-    def _host_call(self, message: Any, ctx: Context) -> Any:
-        run = self._run
-        if run is None or ctx.header.src != run.loop:
-            raise ConversationError(f"{type(message).__name__} from {ctx.header.src}: no such session loop")
-        match message:
-            case HostPrepareRound():
-                if run.mode == "turn" and self._cancel_requested():
-                    run.finish = FinishReason.CANCELLED
-                    return RoundPreparation.Complete(answer=None)
-                return RoundPreparation.Run(
-                    prepared=PreparedRound(
-                        input=run.provider_input,
-                        provider_input=run.provider_input,
-                        continuation=None,
-                        model=run.model,
-                        reasoning_effort=self.config.reasoning_effort,
-                        tool_description=run.tool_description,
-                        timeout=self.config.round_timeout,
-                    )
-                )
-            case HostRecord(event=event):
-                if isinstance(event, SessionEvent.UsageUpdated) or (
-                    isinstance(event, SessionEvent.ProviderReceipt) and event.usage is not None
-                ):
-                    run.usage = event.usage
-                return None
-            case HostExecuteTool(call_id=call_id, call=call):
-                return self._execute(run, call_id, call, ctx)
-            case HostPrepareResume(outcome=outcome):
-                if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result
-                    run.finish = FinishReason.CANCELLED
-                    return ProviderResume.Complete(answer=None)
-                if run.steps >= (self.config.max_steps if run.mode == "turn" else 2):
-                    run.finish = FinishReason.MAX_STEPS
-                    return ProviderResume.Complete(answer=None)
-                return ProviderResume.Continue(outcome=outcome)
-            case HostCompleteRound(completion=completion):
-                return self._completed(run, completion.answer)
-            case HostCompleteCapture(contents=contents):
-                return self._completed(run, contents)
-        raise TypeError(type(message).__name__)
-
-    def _completed(self, run: _KernelRun, answer: str) -> Any:
-        run.final = answer
-        if run.mode == "turn":
-            if self._cancel_requested():
-                run.finish = FinishReason.CANCELLED
-            run.new.append(Message.assistant(answer))
-        return SessionControl.Complete(answer=answer)
-
-    def _execute(self, run: _KernelRun, call_id: str, call: ToolCall | ToolCallError, ctx: Context) -> Any:
-        run.steps += 1
-        content, run.text = "".join(run.text), []
-        if isinstance(call, ToolCall):
-            name, arguments = call.name, json.dumps(call.arguments, ensure_ascii=False)
-        else:
-            name, arguments = "call_ktool", json.dumps({"error": str(call)}, ensure_ascii=False)
-        if run.mode == "turn":
-            self._emit(
-                ToolCallStarted(turn_index=run.turn_index, call_id=call_id, name=name, arguments=arguments)
-            )
-
-        def finished(result: ToolExecution) -> None:
-            if run.mode == "turn":  # the call and its result enter the turn together: never an orphan
-                run.new.append(
-                    Message.assistant(content, (MessageToolCall(id=call_id, name=name, arguments=arguments),))
-                )
-                run.new.append(Message.tool(call_id, result.text, is_error=not result.ok))
-                self._emit(
-                    ToolCallFinished(
-                        turn_index=run.turn_index, call_id=call_id, name=name, ok=result.ok, text=result.text
-                    )
-                )
-            outcome = SessionToolOutcome(text=result.text, ok=result.ok)
-            if not ctx.done:
-                ctx.reply(outcome)
-
-        if run.mode == "summary":
-            finished(ToolExecution(ok=False, text=SUMMARY_TOOL_DESCRIPTION))
-        elif isinstance(call, ToolCallError):
-            finished(ToolExecution(ok=False, text=f"invalid tool call: {call}"))
-        else:
-
-            def executed(reply: Reply) -> None:
-                if reply.error is not None:
-                    finished(ToolExecution(ok=False, text=f"the tool host failed: {reply.error}"))
-                elif isinstance(reply.message, ToolExecution):
-                    finished(reply.message)
-                else:
-                    finished(
-                        ToolExecution(ok=False, text=f"the tool host answered {type(reply.message).__name__}")
-                    )
-
-            self.ask(
-                self.config.host,
-                ExecuteTool(name=call.name, arguments=dict(call.arguments)),
-                executed,
-                timeout=HOST_TIMEOUT,
-            )
-        return DEFER
 
     # ------------------------------------------------------------------------------- compaction
     def _maybe_compact(self, usage: ChatTokenUsage, then: Callable[[BaseException | None], None]) -> None:
@@ -720,8 +505,8 @@ class ConversationActor(BusActor):
         assert compactor is not None
         before = list(self._transcript)
         part = before[start:end]
-        text = compactor.instructions + "\n\n" + "\n".join(_line(m) for m in part)
-        run = _KernelRun("summary", "", self._model, text, SUMMARY_TOOL_DESCRIPTION)
+        text = compactor.instructions + "\n\n" + "\n".join(line_of(m) for m in part)
+        run = KernelRun("summary", "", self._model, text, SUMMARY_TOOL_DESCRIPTION)
 
         def summarized(error: BaseException | None) -> None:
             if error is None and not (run.final or "").strip():
