@@ -161,7 +161,8 @@ def system_prompt(specs: Sequence[Any]) -> str:
         return "You are a helpful assistant. Answer briefly."
     lines = ["You are a helpful assistant. Tools you can call with call_ktool:"]
     for spec in specs:
-        summary = spec.description.split(". ")[0].split("; ")[0].rstrip(".")
+        plain = re.sub(r"\s*\([^)]*\)", "", spec.description)  # no parentheticals: "(bounded; ...)"
+        summary = plain.split(". ")[0].split("; ")[0].rstrip(".")
         call = f'{{"name": "{spec.name}", "arguments": {_example_arguments(spec.parameters)}}}'
         lines.append(f"- {spec.name}: {summary}. Call: {call}")
     lines.append("After a tool result, answer the user in one short sentence.")
@@ -318,7 +319,8 @@ class Agent:
         self.router = ""
         self.runtime: Any = None
         self.model = args.model
-        self.loaded: set[str] = set()  # models that answered once (the local model loads on first use)
+        self.loaded: set[str] = set()  # local models that answered once (they load on first use)
+        self.local = False  # whether the current model runs embedded in the Router's process
         self.last_outcome: Any = None
         self.ledger: Path | None = None  # in-process: the Router's receipt ledger
         # Every operation id the conversation starts a kernel run under (on its actor thread; list.append
@@ -352,6 +354,7 @@ class Agent:
         else:
             self._in_process()
         resolved = self.check_model(self.model)
+        self.local = str(resolved.provider) == "local"
         # Cross-turn compaction (and /compact) once the estimate passes half the model's input budget.
         compactor = Compactor(threshold_tokens=max(256, resolved.max_input_tokens // 2), keep_recent_n=4)
         builder = (
@@ -454,7 +457,10 @@ class Agent:
         token = CancellationToken()
         self.runtime.set_interrupt_token(token)
         self.printer.begin()
-        waiting = "thinking" if self.model in self.loaded else f"loading {self.model} and thinking"
+        if self.local and self.model not in self.loaded:
+            waiting = f"loading {self.model} (first use) and thinking"
+        else:
+            waiting = f"waiting for {self.model}"
         self.progress.start(waiting)
         first_operation = len(self.operations)
         future = self.runtime.run_future(text)
@@ -543,6 +549,9 @@ def _failed(command: str, exc: BaseException) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from transport import BusError
 
+    if not args.prompt.strip():
+        print("kbus run: the prompt is empty", file=sys.stderr)
+        return 2
     try:
         with _agent(args) as agent:
             outcome = agent.turn(args.prompt)
@@ -609,12 +618,12 @@ def _repl(agent: Agent) -> None:
                     print(f"model: {agent.model}", flush=True)
                     continue
                 try:
-                    agent.check_model(rest)
+                    resolved = agent.check_model(rest)
                     agent.runtime.set_llm(rest)
                 except CliError as exc:
                     print(f"kbus: {exc}", flush=True)
                     continue
-                agent.model = rest
+                agent.model, agent.local = rest, str(resolved.provider) == "local"
                 print(f"model: {rest} (from the next turn on)", flush=True)
             elif command == "/compact":
                 try:

@@ -239,12 +239,15 @@ scripts = [[{ call = { name = "shout", arguments = { text = "hello" } }, id = "c
         (["--connect", "ipc:///tmp/kb-none/none.sock"], 2, "--connect needs --node"),
         (["--connect", "http://x", "--node", "n1"], 2, "expected ipc://PATH or tcp://HOST:PORT"),
         (["--max-steps", "0"], 2, "--max-steps must be at least 1"),
+        (["--workdir", "/nonexistent/kbus"], 2, "--workdir"),
+        (["--", " "], 2, "the prompt is empty"),
     ],
 )
 def test_bad_input_exits_with_one_clear_line(
     kbus_process: Start, tmp_path: Path, args: list[str], code: int, message: str
 ) -> None:
-    proc = kbus_process("run", "hi", "--model", "scripted", "--data-dir", str(tmp_path), *args)
+    prompt = [] if "--" in args else ["hi"]
+    proc = kbus_process("run", *prompt, "--model", "scripted", "--data-dir", str(tmp_path), *args)
     got, out, err = finish(proc)
     assert got == code, out + err
     assert err.strip().count("\n") == 0, err  # one line, no traceback
