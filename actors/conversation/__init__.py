@@ -36,12 +36,18 @@ Build one (all options but ``node`` and ``llm`` are optional)::
 
 From another process: ``ConversationRuntime.connect(node, "n1/chat")`` gives the same facade.
 
+``ConversationRuntime.builder()`` options not shown: ``.host_node(node)`` (where the tool host starts),
+``.conversation_node(node)`` (where the conversation actor starts), ``.user_id(...)``,
+``.reasoning_effort(...)``, ``.timeout(s)`` (the facade's default wait), ``.operation_ids(factory)`` (the
+parent operation id of each kernel run: the Router files receipts under it).
+
 Commands (``run``, ``enqueue``, ``compact_*``, ``set_transcript``, ``truncate_transcript``, ``close``, and the
 deferred ``set_llm``, ``set_event_sink``, ``replace_event_sink``, ``set_session_id``) run one at a time in
 arrival order; queries (``transcript``, ``transcript_tail``, ``queue_len``, ``turn_index``, ``event_sink``,
 ``status``) and ``set_interrupt_token`` / ``CancellationToken.cancel`` are answered at once, mid-turn too.
-Every method takes ``timeout=``; ``run_future``, ``enqueue_future``, ``set_llm_future`` and ``close_future``
-return a ``concurrent.futures.Future``.
+Every method takes ``timeout=``; ``run_future``, ``enqueue_future``, ``set_llm_future``,
+``set_event_sink_future`` and ``close_future`` return a ``concurrent.futures.Future`` (cancelling an
+``enqueue_future`` before its turn starts withdraws the message).
 
 Events an ``EventSink`` receives, in order: ``TextDelta`` (streamed answer text), ``ToolCallStarted`` and
 ``ToolCallFinished`` (each tool call and its result, as they happen), then after the turn

@@ -14,12 +14,31 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.base import BusActor, Context
-from actors.conversation.types import TYPES as EVENT_TYPES
+from actors.conversation.types import (
+    CompactionBoundary,
+    MessageAppended,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolNotice,
+    TurnFinished,
+)
 from transport.node import Node
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CallbackSink", "EventSink", "NullSink", "RemoteSink", "SinkActor"]
+
+
+EVENT_TYPES = (
+    MessageAppended,
+    TurnFinished,
+    CompactionBoundary,
+    TextDelta,
+    ToolCallStarted,
+    ToolCallFinished,
+    ToolNotice,
+)
 
 
 class EventSink(Protocol):

@@ -658,6 +658,25 @@ def test_es05_a_sink_change_during_a_turn_applies_after_it(env: Env) -> None:
     assert [e.index for e in s2.of(MessageAppended)] == [4, 5]
 
 
+def test_a_sink_that_raises_still_gets_the_later_events(env: Env) -> None:
+    """A broken sink is logged and skipped; the turn and the later events are unaffected."""
+    seen: list[Any] = []
+
+    class Flaky:
+        def emit(self, event: Any) -> None:
+            seen.append(event)
+            if len(seen) == 1:
+                raise RuntimeError("sink broke")
+
+    done = CaptureSink()
+    rt = env.build(sink=Flaky())
+    rt.run("one")
+    rt.set_event_sink(done)
+    rt.run("two")
+    done.wait_for(lambda e: isinstance(e, TurnFinished))
+    assert [type(e) for e in seen] == [TextDelta, MessageAppended, MessageAppended, TurnFinished]
+
+
 # ---------------------------------------------------------------------------------- IT: interrupts
 
 
