@@ -436,13 +436,15 @@ class Agent:
                 f"the Router at {self.router} does not answer: {type(exc).__name__}: {exc}", 3
             ) from None
 
-    def stop(self) -> None:
+    def stop(self, *, close: bool = True) -> None:
+        """End the session (``close``: SessionEnd, after any running turn) and stop what ``start`` started."""
         self.progress.stop()
         if self.runtime is not None:
-            try:
-                self.runtime.close(self.last_outcome, timeout=5.0)
-            except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
-                print(f"kbus: closing the conversation: {exc}", file=self.err)
+            if close:
+                try:
+                    self.runtime.close(self.last_outcome, timeout=10.0)
+                except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
+                    print(f"kbus: closing the conversation: {exc}", file=self.err)
             self.runtime.stop()
             self.runtime = None
         if self.node is not None:
@@ -529,8 +531,13 @@ def _agent(args: argparse.Namespace) -> Iterator[Agent]:
     try:
         agent.start()
         yield agent
-    finally:
+    except KeyboardInterrupt:  # quit now: a close would wait for the turn still running
+        agent.stop(close=False)
+        raise
+    except BaseException:
         agent.stop()
+        raise
+    agent.stop()
 
 
 def _failed(command: str, exc: BaseException) -> int:

@@ -310,9 +310,9 @@ class RouterActor(BusActor):
             try:
                 outcome = provider.run_turn(request, io)
             except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
-                ref.tell(_Finished(op, None, exc))
+                _tell_quietly(ref, _Finished(op, None, exc))  # the Router may have stopped meanwhile
             else:
-                ref.tell(_Finished(op, outcome, None))
+                _tell_quietly(ref, _Finished(op, outcome, None))
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         thread.start()

@@ -172,6 +172,34 @@ def test_kbus_chat_in_a_terminal_two_turns_model_switch_compact_and_quit(
     assert re.search(r"resumed \d+ messages from", err), err
 
 
+def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    config = tmp_path / "hang.toml"
+    config.write_text(
+        '[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "thinking" }, { hang = true }]]\n'
+    )
+    args = ["--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data")]
+    controller, terminal = os.openpty()
+    try:
+        proc = kbus_process("chat", *args, stdin=terminal, stdout=terminal, stderr=terminal)
+    finally:
+        os.close(terminal)
+    pty = Pty(controller)
+    try:
+        pty.expect("you> ")
+        pty.send("take your time")
+        pty.expect("thinking")  # the turn runs: the provider hangs until cancelled
+        os.kill(proc.pid, signal.SIGINT)
+        pty.expect("interrupting the turn (Ctrl-C again to quit)")
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130, pty.seen
+        pty.expect("kbus chat: bye")
+    finally:
+        os.close(controller)
+    assert "Traceback" not in pty.seen, pty.seen
+
+
 TOOL_MODULE = '''
 def shout(text: str) -> str:
     """Return the text in capitals.
