@@ -195,6 +195,16 @@ class ConversationActor(KernelHost):
                 return DEFER
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
+    def on_start(self) -> None:
+        super().on_start()
+        if self._sink is not None:  # the builder's sink is the sink-holding tools' too (ES-02)
+
+            def bound(reply: Reply) -> None:
+                if reply.error is not None:
+                    self._log(logging.WARNING, "binding the tools to the event sink failed: %r", reply.error)
+
+            self.ask(self.config.host, BindSink(address=self._sink), bound, timeout=HOST_TIMEOUT)
+
     def on_local(self, message: Any) -> Any:
         if isinstance(message, _HooksDone):
             self._done(message.ctx, None)

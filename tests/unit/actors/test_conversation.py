@@ -411,7 +411,7 @@ def test_qu02_qu03_enqueue_during_a_turn_waits_and_queue_len_counts_waiting(env:
     env.gates.open("A")
     env.gates.wait_entered("B")
     assert rt.queue_len() == 1
-    assert fa.done() and not fb.done()
+    assert fa.result(WAIT).final_text == "A done" and not fb.done()
     env.gates.open("B")
     assert [f.result(WAIT).final_text for f in (fa, fb, fc)] == ["A done", "B done", "C done"]
     assert rt.queue_len() == 0
@@ -580,7 +580,7 @@ def test_cl05_close_runs_after_every_command_before_it(env: Env) -> None:
     fclose = rt.close_future()
     env.gates.open("C5")
     fclose.result(WAIT)
-    assert fa.done() and fb.done()
+    assert fa.result(WAIT).final_text == "A" and fb.result(WAIT).final_text == "B"
     assert seen == [2]
 
 
@@ -611,11 +611,18 @@ def test_es02_set_event_sink_rebinds_sink_holding_tools(env: Env) -> None:
     assert env.sink.of(ToolNotice) == []
 
 
+def test_es02_the_builders_sink_is_the_tools_sink_too(env: Env) -> None:
+    """ES-02: without any set_event_sink, a sink-holding tool emits to the sink given to the builder."""
+    rt = env.build()
+    env.script(call("note", "n1", message="first"), text("done"))
+    rt.run("note")
+    assert env.sink.wait_for(lambda e: isinstance(e, ToolNotice)).data == {"message": "first"}
+
+
 def test_es03_replace_event_sink_leaves_tools_on_their_sink(env: Env) -> None:
     """ES-03: after set_event_sink(s1) then replace_event_sink(s2), the notice goes to s1 and the
     runtime's MessageAppended to s2."""
-    rt = env.build()
-    rt.set_event_sink(env.sink)  # binds the tools to s1
+    rt = env.build()  # the builder's sink (s1) is the tools' sink too
     s2 = CaptureSink()
     rt.replace_event_sink(s2)
     env.script(call("note", "n1", message="where"), text("done"))
