@@ -410,7 +410,13 @@ class Agent:
             raise CliError(f"--node {self.args.node!r} is not a node name")
         if not re.match(r"^(ipc|tcp)://.+", self.args.connect):
             raise CliError(f"--connect {self.args.connect!r}: expected ipc://PATH or tcp://HOST:PORT")
-        name = self.args.name or f"kbus-{self.args.command}-{os.getpid()}"
+        # A CURVE server lets a key speak only as the node name its allowlist gives it: like `kbus ping`,
+        # default to the key file's name (`kbus keys NAME` writes NAME.key_secret).
+        name = self.args.name or (
+            Path(self.args.key).name.split(".")[0]
+            if self.args.key
+            else f"kbus-{self.args.command}-{os.getpid()}"
+        )
         try:
             self.node = Node(name, registry=registry(), security=_security(self.args)).start()
             server_key = _server_key(self.args.server_key)
@@ -681,7 +687,10 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--router", default="router", help="with --connect: the Router's actor name")
         p.add_argument("--server-key", help="with tcp: the node's public key (Z85 text or a .key file)")
         p.add_argument("--key", help="with tcp: this client's secret key file (on the node's allowlist)")
-        p.add_argument("--name", help="with --connect: this client's node name (default kbus-run-PID)")
+        p.add_argument(
+            "--name",
+            help="with --connect: this client's node name (default: the --key file's name, or kbus-run-PID)",
+        )
 
     p = sub.add_parser("run", help="one agent turn: answer PROMPT (streamed), with tools, through the bus")
     p.add_argument("prompt")

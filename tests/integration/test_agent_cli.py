@@ -255,6 +255,50 @@ scripts = [[{ call = { name = "shout", arguments = { text = "hello" } }, id = "c
         assert ledger.count() == 1  # the node's Router served the turn and filed its receipt
 
 
+def test_kbus_run_connects_over_tcp_with_curve(
+    kbus_process: Start, kbus_node: Callable[..., KbusNode], ipc_dir: Path
+) -> None:
+    keys = ipc_dir / "keys"
+    for name in ("n1", "cli"):
+        code, out, err = finish(kbus_process("keys", name, "--dir", str(keys)))
+        assert code == 0, out + err
+    cli_public = next(
+        line.split('"')[1] for line in (keys / "cli.key").read_text().splitlines() if "public-key" in line
+    )
+    config = ipc_dir / "n1.toml"
+    config.write_text(
+        f"""
+[node]
+name = "n1"
+bind = ["tcp://127.0.0.1:0"]
+data_dir = "data"
+[security]
+secret_key_file = "keys/n1.key_secret"
+allow = [{{ node = "cli", public_key = "{cli_public}" }}]
+[actors.router]
+type = "router"
+"""
+    )
+    port = kbus_node(config).port
+    proc = kbus_process(
+        "run",
+        "hi",
+        "--connect",
+        f"tcp://127.0.0.1:{port}",
+        "--node",
+        "n1",
+        "--model",
+        "scripted",
+        "--server-key",
+        str(keys / "n1.key"),
+        "--key",
+        str(keys / "cli.key_secret"),  # speaks as "cli", the name the node's allowlist gives this key
+    )
+    code, out, err = finish(proc)
+    assert code == 0, out + err
+    assert out.startswith("ok\n[done] stop"), out  # the scripted model's default answer
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
