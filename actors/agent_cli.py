@@ -646,7 +646,10 @@ def _repl(agent: Agent) -> None:
                 except BusError as exc:
                     print(f"kbus: compaction failed: {exc}", flush=True)
                     continue
-                print(f"compacted: {before} messages -> {after}", flush=True)
+                if after == before:
+                    print(f"nothing to compact yet ({before} messages)", flush=True)
+                else:
+                    print(f"compacted: {before} messages -> {after}", flush=True)
             else:
                 print(f"unknown command {command}; /help lists them", flush=True)
             continue
