@@ -178,8 +178,8 @@ def test_cv04_run_never_makes_a_checkpoint(env: Env) -> None:
     assert rt.run("x").checkpoint_id is None
 
 
-def test_cv05_cv06_turn_index_counts_turns_and_outcomes_carry_the_previous_value(env: Env) -> None:
-    """CV-05, CV-06: 0 → 1 → 2; the outcomes carry 0 and 1; a failed turn counts too."""
+def test_cv05_turn_index_counts_every_turn(env: Env) -> None:
+    """CV-05: 0 → 1 (run) → 2 (enqueue); a failed turn counts too (INTERPRETATION)."""
     rt = env.build()
     assert rt.turn_index() == 0
     first = rt.run("a")
@@ -190,6 +190,14 @@ def test_cv05_cv06_turn_index_counts_turns_and_outcomes_carry_the_previous_value
     with pytest.raises(InferenceError):
         rt.run("c")
     assert rt.turn_index() == 3
+
+
+def test_cv06_the_outcome_carries_the_turn_index_from_before_the_turn(env: Env) -> None:
+    """CV-06: the first run's outcome has turn_index 0, the second's 1; set_transcript does not reset it."""
+    rt = env.build()
+    assert rt.run("a").turn_index == 0
+    rt.set_transcript([])
+    assert rt.run("b").turn_index == 1
 
 
 def test_cv07_builder_requires_a_node_and_a_model_and_starts_empty(env: Env) -> None:
@@ -394,9 +402,9 @@ def test_qu01_enqueued_messages_run_in_arrival_order(env: Env) -> None:
     assert [r.messages[-1].content.rpartition("\n")[2].removeprefix("User: ") for r in env.p1.turns] == users
 
 
-def test_qu02_qu03_enqueue_during_a_turn_waits_and_queue_len_counts_waiting(env: Env) -> None:
-    """QU-02, QU-03 (MB-03): A blocks in a tool; B and C wait (queue_len 2, answered mid-turn); after B
-    starts, 1; at the end, 0. Never two turns at once: B's provider turn starts after A's TurnFinished."""
+def test_qu03_queue_len_counts_the_waiting_and_answers_mid_turn(env: Env) -> None:
+    """QU-03 (MB-03): A blocks in a tool; B and C wait (queue_len 2, answered mid-turn); after B
+    starts, 1; at the end, 0."""
     rt = env.build()
     env.script(call("gate", "a1", key="A"), text("A done"))
     env.script(call("gate", "b1", key="B"), text("B done"))
@@ -417,6 +425,23 @@ def test_qu02_qu03_enqueue_during_a_turn_waits_and_queue_len_counts_waiting(env:
     assert rt.queue_len() == 0
     finished = [e.turn_index for e in env.sink.of(TurnFinished)]
     assert finished == sorted(finished)
+
+
+def test_qu02_enqueue_during_a_turn_never_starts_a_concurrent_turn(env: Env) -> None:
+    """QU-02: A blocks in a tool, enqueue(B) → B's provider turn starts only after A's TurnFinished; the
+    provider never has two turns at once."""
+    rt = env.build()
+    env.script(call("gate", "a1", key="Q2"), text("A done"))
+    env.script(text("B done"))
+    fa = rt.enqueue_future("A")
+    env.gates.wait_entered("Q2")
+    fb = rt.enqueue_future("B")
+    assert rt.queue_len() == 1 and len(env.p1.turns) == 1  # B waits; no second provider turn
+    env.gates.open("Q2")
+    assert fa.result(WAIT).final_text == "A done" and fb.result(WAIT).final_text == "B done"
+    wait_turn_finished(env.sink, 1)
+    order = [(type(e).__name__, getattr(e, "turn_index", None)) for e in env.sink.of(TurnFinished, TextDelta)]
+    assert order.index(("TurnFinished", 0)) < order.index(("TextDelta", 1))
 
 
 def test_qu04_each_enqueue_resolves_to_its_own_outcome(env: Env) -> None:
@@ -512,15 +537,28 @@ class Hooks:
         self.calls.append(event)
 
 
-def test_cl01_cl02_close_fires_session_end_once_with_the_last_outcome(env: Env) -> None:
-    """CL-01, CL-02: one SessionEnd{session_id, last_outcome}; a second close does nothing."""
-    hooks = Hooks()
+def test_cl01_close_fires_session_end_with_the_last_outcome(env: Env) -> None:
+    """CL-01: one SessionEnd{session_id, last_outcome} per hook."""
+    hooks, other = Hooks(), Hooks()
     rt = env.build(session_id="s-1", on_session_end=hooks)
     outcome = rt.run("a")
-    rt.close(outcome)
+    assert hooks.calls == []
     rt.close(outcome)
     assert hooks.calls == [SessionEnd(session_id="s-1", last_outcome=outcome)]
     assert rt.status().closed
+    b = ConversationRuntime.builder().node(env.node).llm("m1").on_session_end(other).timeout(WAIT)
+    env.built.append(plain := b.build())
+    plain.close()
+    assert other.calls == [SessionEnd(session_id=None, last_outcome=None)]
+
+
+def test_cl02_a_second_close_does_nothing(env: Env) -> None:
+    """CL-02: close twice → 1 hook invocation; the second call returns normally."""
+    hooks = Hooks()
+    rt = env.build(on_session_end=hooks)
+    rt.close()
+    rt.close()
+    assert len(hooks.calls) == 1
 
 
 def test_cl03_run_after_close_works_and_never_fires_again(env: Env) -> None:
@@ -687,9 +725,8 @@ def test_a_sink_that_raises_still_gets_the_later_events(env: Env) -> None:
 # ---------------------------------------------------------------------------------- IT: interrupts
 
 
-def test_it01_it02_cancel_ends_the_turn_at_the_next_step_boundary(env: Env) -> None:
-    """IT-01, IT-02: 5 tool steps, cancelled during step 2 → CANCELLED; step 2 completes with its result,
-    step 3 never starts, no orphan call."""
+def test_it01_cancel_ends_the_turn_at_the_next_step_boundary(env: Env) -> None:
+    """IT-01: 5 tool steps, cancelled during step 2 → CANCELLED after step 2."""
     rt = env.build()
     token = CancellationToken()
     rt.set_interrupt_token(token)
@@ -712,6 +749,24 @@ def test_it01_it02_cancel_ends_the_turn_at_the_next_step_boundary(env: Env) -> N
     assert no_orphans(transcript)
     started = [e.call_id for e in env.sink.of(ToolCallStarted)]
     assert started == ["s1", "s2"]
+
+
+def test_it02_the_step_in_progress_completes_and_the_next_never_starts(env: Env) -> None:
+    """IT-02: cancelled while step 1's tool runs → that tool's result is kept with its call, the tool of
+    step 2 never runs, and the model's text after step 1 is never asked for."""
+    rt = env.build()
+    token = CancellationToken()
+    rt.set_interrupt_token(token)
+    env.script(call("gate", "s1", key="I2"), call("gate", "s2", key="never"), text("unreached"))
+    future = rt.run_future("two steps")
+    env.gates.wait_entered("I2")
+    token.cancel()
+    env.gates.open("I2")
+    outcome = future.result(WAIT)
+    assert outcome.finish_reason is FinishReason.CANCELLED and outcome.final_text == ""
+    assert env.gates.runs == ["I2"]
+    assert rt.transcript()[-1] == Message.tool("s1", "gate I2 opened")
+    assert no_orphans(rt.transcript())
 
 
 def test_it03_a_replaced_token_has_no_effect(env: Env) -> None:
@@ -772,10 +827,10 @@ def _session_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
     return [r for r in caplog.records if r.name == "actors.conversation.actor" and r.levelno == logging.INFO]
 
 
-def test_sid01_sid02_session_id_labels_the_turn_log_records(
+def test_sid02_a_later_id_replaces_the_earlier_and_none_before_any(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """SID-01, SID-02: no session_id before set; then each run logs INFO records with the current id."""
+    """SID-02: no session_id before set; set a, run, set b, run → the records read a, then b."""
     rt = env.build()
     with caplog.at_level(logging.INFO, logger="actors.conversation.actor"):
         rt.run("zero")
@@ -795,17 +850,38 @@ def test_sid01_sid02_session_id_labels_the_turn_log_records(
     assert [getattr(r, "turn_index", None) for r in spans] == [1, 1]
 
 
-def test_llm01_llm03_set_llm_switches_later_turns_and_keeps_the_state(env: Env) -> None:
-    """LLM-01, LLM-03: run on m1, set_llm(m2), run → the second turn reaches only p2; transcript and
-    turn_index are kept."""
+def test_sid01_every_run_logs_its_session_id(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """SID-01: after set_session_id(id), each run adds INFO records (the turn's span records among them)
+    with record.session_id == id."""
+    rt = env.build()
+    rt.set_session_id("sess-9")
+    for n in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="actors.conversation.actor"):
+            rt.run(f"turn {n}")
+        records = _session_records(caplog)
+        assert records and all(getattr(r, "session_id", None) == "sess-9" for r in records)
+        spans = [r for r in records if getattr(r, "span", None) == "conversation.turn"]
+        assert {getattr(r, "turn_index", None) for r in spans} == {n}
+
+
+def test_llm01_set_llm_switches_later_turns(env: Env) -> None:
+    """LLM-01: run on m1, set_llm(m2), run → the second turn reaches only p2."""
     rt = env.build()
     rt.run("one")
-    before = (rt.transcript(), rt.turn_index())
     rt.set_llm("m2")
-    assert (rt.transcript(), rt.turn_index()) == before
     env.p2.add([text("from p2")])
     assert rt.run("two").final_text == "from p2"
     assert len(env.p1.turns) == 1 and len(env.p2.turns) == 1
+
+
+def test_llm03_set_llm_keeps_the_transcript_and_turn_index(env: Env) -> None:
+    """LLM-03: snapshots before and after set_llm are equal."""
+    rt = env.build()
+    rt.run("one")
+    before = (rt.transcript(), rt.turn_index(), rt.status().queue_len)
+    rt.set_llm("m2")
+    assert (rt.transcript(), rt.turn_index(), rt.status().queue_len) == before
 
 
 def test_llm02_set_llm_mid_turn_is_deferred_and_an_unknown_model_is_refused(env: Env) -> None:

@@ -84,7 +84,7 @@ def test_cp14_partial_before_indices() -> None:
     assert partial_before_split(msgs, 1, 2) == 0  # CP-13: the split is 0
 
 
-def test_cp16_partial_after_moves_back_over_a_pair() -> None:
+def test_cp16_partial_after_boundary_moves_back_over_a_pair() -> None:
     """CP-16: transcript[p] is the result of the assistant at p-1 → b = p-1; no pairs → b = p."""
     msgs = [u(0), u(1), a_calls("c1"), r("c1"), u(4)]
     assert partial_after_boundary(msgs, 3) == 2
@@ -245,9 +245,9 @@ def test_cp01_without_a_compactor_every_call_is_a_no_op(env: Env) -> None:
     assert env.provider.turns[0].messages[-1].content.endswith("marker")  # no summary turn ran
 
 
-def test_cp05_cp06_cp08_compact_now_replaces_the_range_with_one_summary(env: Env) -> None:
-    """CP-05, CP-08: len=10, k=3, thresholds at 10**9 → [S] + old[7:]. CP-06: boundary, MA(summary),
-    MA(each kept), so replaying after the boundary gives transcript()."""
+def test_cp05_cp06_compact_now_replaces_the_range_with_one_summary(env: Env) -> None:
+    """CP-05: len=10, k=3 → [S] + old[7:], S from the session's model over old[:7]. CP-06: boundary,
+    MA(summary), MA(each kept), so replaying after the boundary gives transcript()."""
     rt = env.build(Compactor(threshold_tokens=10**9, threshold_prompt_tokens=10**9, keep_recent_n=3))
     old = numbered(10)
     rt.set_transcript(old)
@@ -262,6 +262,16 @@ def test_cp05_cp06_cp08_compact_now_replaces_the_range_with_one_summary(env: Env
     assert [e.message for e in events[1:]] == list(after)
     summary_request = env.provider.turns[0].messages[-1].content
     assert "m0" in summary_request and "m6" in summary_request and "m7" not in summary_request
+
+
+def test_cp08_compact_now_ignores_the_thresholds(env: Env) -> None:
+    """CP-08: thresholds at 10**9 and len = keep_recent_n + 2 → compact_now still compacts."""
+    rt = env.build(Compactor(threshold_tokens=10**9, threshold_prompt_tokens=10**9, keep_recent_n=3))
+    rt.set_transcript(numbered(5))
+    env.summary()
+    rt.compact_now()
+    assert len(rt.transcript()) == 4
+    assert isinstance(env.events_after(rt)[0], CompactionBoundary)
 
 
 def test_cp06_the_session_file_replays_to_the_compacted_transcript(env: Env, tmp_path: Path) -> None:
@@ -295,8 +305,8 @@ def test_cp07_cross_turn_boundary_forwards_the_cache_tokens(env: Env) -> None:
     )
 
 
-def test_cp04_cp09_too_short_to_compact(env: Env) -> None:
-    """CP-09: compact_now with len = k+1 changes nothing and emits nothing; CP-04 likewise cross-turn."""
+def test_cp09_too_short_to_compact(env: Env) -> None:
+    """CP-09: compact_now with len = k+1 changes nothing and emits nothing (CP-04 likewise cross-turn)."""
     rt = env.build(Compactor(threshold_tokens=0, threshold_prompt_tokens=1, keep_recent_n=3))
     old = numbered(4)
     rt.set_transcript(old)
@@ -306,27 +316,45 @@ def test_cp04_cp09_too_short_to_compact(env: Env) -> None:
     assert env.events_after(rt)[:1] == []
 
 
-def test_cp13_cp14_partial_before(env: Env) -> None:
-    """CP-14: len=12, p=8, k=2 → [S] + old[7:]; CP-13: p = len and a zero split change nothing."""
+def test_cp13_partial_before_out_of_range_or_zero_split_is_a_no_op(env: Env) -> None:
+    """CP-13: p = len, p < 0 and a p so small that the split is 0 change nothing and emit nothing."""
     rt = env.build(Compactor(threshold_tokens=10**9, keep_recent_n=2))
     old = numbered(12)
     rt.set_transcript(old)
     rt.compact_partial_before(12)
+    rt.compact_partial_before(-1)
     rt.compact_partial_before(1)
     assert rt.transcript() == tuple(old)
+    assert env.events_after(rt) == []
+
+
+def test_cp14_partial_before_keeps_the_pivot_onward(env: Env) -> None:
+    """CP-14: len=12, p=8, k=2 → [S] + old[7:]."""
+    rt = env.build(Compactor(threshold_tokens=10**9, keep_recent_n=2))
+    old = numbered(12)
+    rt.set_transcript(old)
     env.summary()
     rt.compact_partial_before(8)
     assert rt.transcript()[1:] == tuple(old[7:]) and rt.transcript()[0].role == "system"
 
 
-def test_cp15_cp16_partial_after(env: Env) -> None:
+def test_cp15_partial_after_out_of_range_is_a_no_op(env: Env) -> None:
+    """CP-15: p = len (and p < 0) change nothing and emit nothing; so does no compactor at all (CP-01)."""
+    rt = env.build(Compactor(threshold_tokens=10**9, keep_recent_n=2))
+    old = numbered(6)
+    rt.set_transcript(old)
+    rt.compact_partial_after(len(old))
+    rt.compact_partial_after(-1)
+    assert rt.transcript() == tuple(old)
+    assert env.events_after(rt) == []
+
+
+def test_cp16_compact_partial_after_summarizes_from_the_pair_on(env: Env) -> None:
     """CP-16: the pivot is a tool result → the boundary moves back to its assistant; the result is
-    old[:b] + [S]. CP-15: p = len changes nothing."""
+    old[:b] + [S], the summary at the end."""
     rt = env.build(Compactor(threshold_tokens=10**9, keep_recent_n=2))
     old = [u(0), Message.assistant("a1"), u(2), a_calls("c1"), r("c1"), Message.assistant("done")]
     rt.set_transcript(old)
-    rt.compact_partial_after(len(old))
-    assert rt.transcript() == tuple(old)
     env.summary("later part")
     rt.compact_partial_after(4)
     after = rt.transcript()
