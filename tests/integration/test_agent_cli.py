@@ -66,6 +66,7 @@ scripts = [
   [{ call = { name = "calculate", arguments = { expression = "6 * 7" } }, id = "c1" },
    { text = "The answer is 42.", chunks = 3 }],
   [{ text = "You are welcome." }],
+  [{ text = "Sure." }],
   [{ text = "Summary: 6 * 7 is 42." }],
 ]
 """
@@ -127,7 +128,7 @@ class Pty:
         os.write(self.fd, (line + "\n").encode())
 
 
-def test_kbus_chat_in_a_terminal_two_turns_model_switch_compact_and_quit(
+def test_kbus_chat_in_a_terminal_turns_model_switch_compact_and_quit(
     kbus_process: Start, tmp_path: Path
 ) -> None:
     config = tmp_path / "scripted.toml"
@@ -157,8 +158,11 @@ def test_kbus_chat_in_a_terminal_two_turns_model_switch_compact_and_quit(
         pty.send("thanks")
         assert "You are welcome." in pty.expect("[done]")
         pty.expect("you> ")
-        pty.send("/compact")
-        assert re.search(r"compacted: 6 messages -> \d+", pty.expect("you> ")), pty.seen
+        pty.send("one more")
+        assert "Sure." in pty.expect("[done]")
+        pty.expect("you> ")
+        pty.send("/compact")  # the first turn (a tool-call pair) is summarised, the last four kept
+        assert re.search(r"compacted: 8 messages -> 5", pty.expect("you> ")), pty.seen
         pty.send("/quit")
         assert proc.wait(timeout=30) == 0, pty.seen
     finally:
