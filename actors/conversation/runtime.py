@@ -9,6 +9,7 @@ holds no state of the conversation: any number of facades, in any processes, may
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,8 +39,11 @@ from actors.conversation.sinks import EventSink, NullSink, RemoteSink, SinkActor
 from actors.conversation.token import CancellationToken
 from actors.conversation.tools import ToolRegistry
 from actors.conversation.types import ChatTokenUsage, Compactor, Message, RuntimeOutcome, SessionEnd
+from transport.errors import BusError
 from transport.node import Node
 from transport.pending import forbid_blocking
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_TIMEOUT", "ConversationRuntime", "ConversationRuntimeBuilder"]
 
@@ -242,6 +246,18 @@ class ConversationRuntime:
             if ref is not None:
                 ref.stop(block=True, timeout=10.0)
         self._owned.clear()
+
+    def __enter__(self) -> ConversationRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the session (SessionEnd, once) and stop the actors, when this facade built them."""
+        if self._owned:
+            try:
+                self.close(timeout=10.0)
+            except BusError as error:
+                log.warning("closing %s on exit failed: %r", self.address, error)
+        self.stop()
 
     def __repr__(self) -> str:
         return f"ConversationRuntime({self.address!r})"

@@ -561,6 +561,19 @@ def test_cl02_a_second_close_does_nothing(env: Env) -> None:
     assert len(hooks.calls) == 1
 
 
+def test_a_built_runtime_as_a_context_manager_closes_and_stops(env: Env) -> None:
+    """Leaving the with-block closes the session (SessionEnd once) and stops the actors build() started;
+    a connect()-ed facade closes nothing."""
+    hooks = Hooks()
+    b = ConversationRuntime.builder().node(env.node).llm("m1").on_session_end(hooks).timeout(WAIT)
+    with b.build() as rt:
+        with ConversationRuntime.connect(env.node, rt.address, timeout=WAIT) as other:
+            other.run("hello")
+        assert hooks.calls == [] and rt.turn_index() == 1
+    assert len(hooks.calls) == 1
+    assert env.node.lookup(rt.address.partition("/")[2]) is None
+
+
 def test_cl03_run_after_close_works_and_never_fires_again(env: Env) -> None:
     """CL-03: close, then run → an outcome; the hook count stays 1."""
     hooks = Hooks()
