@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pykka
+
 from actors.base import DEFER, Context
 from actors.conversation import compaction
 from actors.conversation.journal import Journal, read_journal
@@ -362,7 +364,10 @@ class ConversationActor(KernelHost):
                     hook(event)
                 except Exception:
                     log.exception("SessionEnd hook %r raised", hook)
-            ref.tell(_HooksDone(ctx))
+            try:
+                ref.tell(_HooksDone(ctx))
+            except pykka.ActorDeadError:
+                log.info("the conversation stopped while its SessionEnd hooks ran")
 
         threading.Thread(target=fire, name=f"{self.name}-session-end", daemon=True).start()
 
