@@ -322,9 +322,9 @@ class Agent:
         self.loaded: set[str] = set()  # local models that answered once (they load on first use)
         self.local = False  # whether the current model runs embedded in the Router's process
         self.last_outcome: Any = None
-        self.ledger: Path | None = None  # in-process: the Router's receipt ledger
         # Every operation id the conversation starts a kernel run under (on its actor thread; list.append
-        # is atomic): the Router files each provider turn's receipt under its parent operation.
+        # is atomic): the Router files each provider turn's receipt under its parent operation, and
+        # GetReceiptsFor lists them (in-process or on a --connect-ed node alike).
         self.operations: list[uuid.UUID] = []
 
     def _new_operation(self) -> uuid.UUID:
@@ -394,10 +394,8 @@ class Agent:
             self.node = build_node(settings)
         except ConfigError as exc:
             raise CliError(f"{exc}") from None
-        router = next(a for a in settings.actors if a.type == "router")
-        self.router = f"{self.node.name}/{router.name}"
-        data_dir = router.options.get("data_dir", settings.node.data_dir)
-        self.ledger = Path(str(data_dir)) / "receipts.sqlite3"
+        router = next(a.name for a in settings.actors if a.type == "router")
+        self.router = f"{self.node.name}/{router}"
 
     def _connect(self) -> None:
         from actors.nodes import registry
@@ -498,17 +496,15 @@ class Agent:
         return outcome
 
     def receipts(self, operations: Sequence[uuid.UUID]) -> str:
-        """The turn's receipt ids: from the Router's ledger in-process, else where to find them."""
-        if self.ledger is None:
-            node = self.router.partition("/")[0]
-            return f"in {node}'s ledger under operation {', '.join(map(str, operations)) or '(none)'}"
-        from actors.router.ledger import ReceiptLedger
+        """The ids of the receipts the Router issued for the turn's provider turns (or why not)."""
+        from actors.router.client import RouterClient
+        from transport import BusError
 
-        ledger = ReceiptLedger(self.ledger)  # shared with the Router: sqlite WAL, many readers
+        router = RouterClient(self.node, self.router, timeout=CONNECT_WAIT)
         try:
-            ids = [r.receipt_id for op in operations for r in ledger.for_parent(op)]
-        finally:
-            ledger.close()
+            ids = [r.receipt_id for op in operations for r in router.receipts_for(op)]
+        except BusError as exc:
+            return f"(not available: {type(exc).__name__}: {exc})"
         return ", ".join(ids) or "(none)"
 
     def summary(self, outcome: Any, operations: Sequence[uuid.UUID]) -> str:

@@ -30,11 +30,13 @@ from actors.router.messages import (
     CancelOperation,
     FinishUnavailable,
     GetReceipt,
+    GetReceiptsFor,
     InvalidCallId,
     NextTurnEvent,
     OperationsCancelled,
     ProviderFailed,
     ProviderUnavailable,
+    ReceiptList,
     ResolveModel,
     RespondCall,
     RouterError,
@@ -247,6 +249,8 @@ class RouterActor(BusActor):
                 if receipt is None:
                     raise TurnNotFound(f"no receipt for operation {op}")
                 return receipt
+            case GetReceiptsFor(parent_operation_id=parent):
+                return ReceiptList(receipts=self._receipts_for(parent))
         raise TypeError(f"the Router does not handle {type(message).__name__}")
 
     def on_local(self, message: Any) -> Any:
@@ -564,6 +568,15 @@ class RouterActor(BusActor):
         if turn is not None and turn.receipt is not None:
             return turn.receipt
         return self._ledger.get(op) if self._ledger is not None else None
+
+    def _receipts_for(self, parent: uuid.UUID) -> tuple[UsageReceipt, ...]:
+        """The ledger's receipts under ``parent`` plus those of its live turns (no ledger: only those)."""
+        found = {r.operation_id: r for r in (self._ledger.for_parent(parent) if self._ledger else ())}
+        for op in self._children.get(parent, ()):
+            receipt = self._receipt_of(op)
+            if receipt is not None:
+                found.setdefault(op, receipt)
+        return tuple(sorted(found.values(), key=lambda r: r.issued_at_ms))
 
     def _turn(self, op: uuid.UUID) -> _Turn:
         turn = self._turns.get(op)
