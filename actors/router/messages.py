@@ -239,8 +239,6 @@ ROUTER_MESSAGES = (
     CancelOperation,
     OperationsCancelled,
     GetReceipt,
-    GetReceiptsFor,
-    ReceiptList,
     TurnInput,
     TurnTextDelta,
     TurnUsage,
@@ -248,6 +246,8 @@ ROUTER_MESSAGES = (
     TurnCompleted,
     TurnClosed,
     TurnEventBatch,
+    GetReceiptsFor,
+    ReceiptList,
 )
 ROUTER_ERRORS: tuple[type[BusError], ...] = (
     RouterError,
