@@ -422,8 +422,14 @@ class ConversationActor(KernelHost):
             self._finish_turn(run, user_at, answer)
 
     def _fail_turn(self, user_at: int, error: BaseException, answer: Callable[[Any], None]) -> None:
-        """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended."""
+        """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn
+        still counts (CV-05): the session file says so for a resume."""
         self._emit(MessageAppended(message=self._transcript[user_at], index=user_at))
+        if self._journal is not None:
+            try:
+                self._journal.failed(self._turn_index - 1, f"{type(error).__name__}: {error}"[:500])
+            except OSError:
+                log.exception("%s: cannot write the session file", self.address)
         self._log(logging.WARNING, "turn failed: %r", error)
         answer(error)
 

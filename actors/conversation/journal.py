@@ -2,7 +2,8 @@
 
 Records: ``message_appended`` {index, message}, ``turn_finished`` {turn_index, finish_reason, usage},
 ``compaction_boundary`` {trigger, counts, tokens} and, for ``set_transcript`` / ``truncate_transcript`` (which
-emit no events, TR-06), ``transcript_replaced`` {messages} and ``transcript_truncated`` {length}.
+emit no events, TR-06), ``transcript_replaced`` {messages} and ``transcript_truncated`` {length}; a turn that
+raised leaves ``turn_failed`` {turn_index, error} (it counts as a turn, CV-05).
 
 A reader rebuilds the transcript by applying the records in order; at a ``compaction_boundary`` it starts
 over (what follows re-appends the summary and every kept message: CP-06). A torn last line (the writer was
@@ -73,6 +74,9 @@ class Journal:
     def replaced(self, messages: tuple[Message, ...]) -> None:
         self.write({"type": "transcript_replaced", "messages": [m.to_json() for m in messages]})
 
+    def failed(self, turn_index: int, error: str) -> None:
+        self.write({"type": "turn_failed", "turn_index": turn_index, "error": error})
+
     def truncated(self, length: int) -> None:
         self.write({"type": "transcript_truncated", "length": length})
 
@@ -110,7 +114,7 @@ def read_journal(path: Path) -> Restored:
             index = int(record["index"])
             del transcript[index:]
             transcript.append(Message.from_json(record["message"]))
-        elif kind == "turn_finished":
+        elif kind in ("turn_finished", "turn_failed"):
             turn_index = int(record["turn_index"]) + 1
         elif kind == "compaction_boundary":
             boundaries += 1

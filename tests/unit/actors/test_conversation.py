@@ -926,9 +926,13 @@ def test_every_runtime_event_lands_in_the_session_file_and_resumes(env: Env, tmp
     rt.set_transcript([Message.user("from before")])
     env.script(call("add", "c1", a=2, b=2), text("four"))
     rt.run("2+2")
+    env.script({"fail": "failed", "message": "broken turn"})
+    with pytest.raises(InferenceError):
+        rt.run("this one fails")
     restored = read_journal(path)
     assert restored.transcript == rt.transcript()
-    assert restored.turn_index == 1
+    assert restored.transcript[-1] == Message.user("this one fails")
+    assert restored.turn_index == 2 == rt.turn_index()
     rt.stop()
     again = env.build(session_file=path)
-    assert again.transcript() == restored.transcript and again.turn_index() == 1
+    assert again.transcript() == restored.transcript and again.turn_index() == 2
