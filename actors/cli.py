@@ -1,4 +1,4 @@
-"""The ``kbus`` command: run a node, ping one, make keys, read capture logs."""
+"""The ``kbus`` command: run a node, ping one, make keys, read capture logs; run and chat (agent_cli.py)."""
 
 from __future__ import annotations
 
@@ -241,6 +241,10 @@ def parser() -> argparse.ArgumentParser:
     verify_p = logsub.add_parser("verify", help="check the hash chain, numbering and order")
     verify_p.add_argument("file")
     p.set_defaults(func=cmd_log)
+
+    from actors.agent_cli import add_parsers
+
+    add_parsers(sub)  # run, chat: the main job
     return ap
 
 

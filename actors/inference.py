@@ -347,9 +347,11 @@ class InferenceHandleActor(BusActor):
         request: SessionInferenceRequest,
         start_timeout: float | None = None,
         read_timeout: float = READ_TIMEOUT,
+        observer: str | None = None,
     ) -> None:
         super().__init__(node, address)
         self._router = router
+        self._observer = observer  # told every TurnTextDelta as it streams (not an event of its own)
         self._start = start_turn_of(request)
         self._start_timeout = start_timeout
         self._read_timeout = read_timeout
@@ -475,6 +477,8 @@ class InferenceHandleActor(BusActor):
         else:
             match reply.message:
                 case TurnTextDelta():
+                    if self._observer is not None:
+                        self.tell_to(self._observer, reply.message)
                     self._pump()  # not a normalized event (SI-05): read on
                     return
                 case TurnInput(context=context):

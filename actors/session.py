@@ -422,6 +422,7 @@ class RunSession:
     request: SessionRunRequest
     host: str
     router: str
+    observer: str | None = None  # told each streamed TurnTextDelta (a UI's live text); None: dropped
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -451,6 +452,7 @@ class SessionLoopActor(BusActor):
         self._request: SessionRunRequest | None = None
         self._host = ""
         self._router = ""
+        self._observer: str | None = None
         self._round = 0
         self._handle: str | None = None
         self._handle_ref: Any = None
@@ -479,6 +481,7 @@ class SessionLoopActor(BusActor):
             )
         self._ctx, self._request = ctx, request
         self._host, self._router = message.host, message.router
+        self._observer = message.observer
         self._select_round(request.rounds_used + 1)  # RS-04
         return DEFER
 
@@ -538,6 +541,7 @@ class SessionLoopActor(BusActor):
             router=self._router,
             request=inference,
             start_timeout=self._handle_timeout,
+            observer=self._observer,
         )
         self._handle = f"{self.node.name}/{name}"
         self._call_handle(AwaitStarted(), self._on_started)

@@ -31,11 +31,13 @@ from actors.router.messages import (
     CountTokens,
     FinishUnavailable,
     GetReceipt,
+    GetReceiptsFor,
     InvalidCallId,
     NextTurnEvent,
     OperationsCancelled,
     ProviderFailed,
     ProviderUnavailable,
+    ReceiptList,
     ResolveModel,
     RespondCall,
     RouterError,
@@ -276,6 +278,8 @@ class RouterActor(BusActor):
                 if receipt is None:
                     raise TurnNotFound(f"no receipt for operation {op}")
                 return receipt
+            case GetReceiptsFor(parent_operation_id=parent):
+                return ReceiptList(receipts=self._receipts_for(parent))
         raise TypeError(f"the Router does not handle {type(message).__name__}")
 
     def on_local(self, message: Any) -> Any:
@@ -344,9 +348,9 @@ class RouterActor(BusActor):
             try:
                 outcome = provider.run_turn(request, io)
             except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
-                ref.tell(_Finished(op, None, exc))
+                _tell_quietly(ref, _Finished(op, None, exc))  # the Router may have stopped meanwhile
             else:
-                ref.tell(_Finished(op, outcome, None))
+                _tell_quietly(ref, _Finished(op, outcome, None))
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         thread.start()
@@ -620,6 +624,15 @@ class RouterActor(BusActor):
         if turn is not None and turn.receipt is not None:
             return turn.receipt
         return self._ledger.get(op) if self._ledger is not None else None
+
+    def _receipts_for(self, parent: uuid.UUID) -> tuple[UsageReceipt, ...]:
+        """The ledger's receipts under ``parent`` plus those of its live turns (no ledger: only those)."""
+        found = {r.operation_id: r for r in (self._ledger.for_parent(parent) if self._ledger else ())}
+        for op in self._children.get(parent, ()):
+            receipt = self._receipt_of(op)
+            if receipt is not None:
+                found.setdefault(op, receipt)
+        return tuple(sorted(found.values(), key=lambda r: r.issued_at_ms))
 
     def _turn(self, op: uuid.UUID) -> _Turn:
         turn = self._turns.get(op)

@@ -15,6 +15,7 @@ from actors.router.messages import (
     CancelOperation,
     FinishUnavailable,
     GetReceipt,
+    GetReceiptsFor,
     NextTurnEvent,
     ResolveModel,
     RespondCall,
@@ -119,3 +120,12 @@ class RouterClient:
         return self.node.request(  # type: ignore[no-any-return]
             self.address, GetReceipt(operation_id=operation_id), timeout=self._t(timeout)
         )
+
+    def receipts_for(
+        self, parent_operation_id: uuid.UUID, *, timeout: float | None = None
+    ) -> tuple[UsageReceipt, ...]:
+        """The receipts of the provider turns started under ``parent_operation_id``, oldest first."""
+        reply: Any = self.node.request(
+            self.address, GetReceiptsFor(parent_operation_id=parent_operation_id), timeout=self._t(timeout)
+        )
+        return tuple(reply.receipts)

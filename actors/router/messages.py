@@ -134,6 +134,20 @@ class GetReceipt:
     operation_id: uuid.UUID
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetReceiptsFor:
+    """The receipts of every provider turn started under ``parent_operation_id`` so far, oldest first."""
+
+    TAG: ClassVar[str] = "router.get_receipts_for"
+    parent_operation_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReceiptList:
+    TAG: ClassVar[str] = "router.receipts"
+    receipts: tuple[UsageReceipt, ...]
+
+
 # ------------------------------------------------------------------------------------------------- events
 
 
@@ -263,6 +277,8 @@ ROUTER_MESSAGES = (
     TurnCompleted,
     TurnClosed,
     TurnEventBatch,
+    GetReceiptsFor,
+    ReceiptList,
 )
 ROUTER_ERRORS: tuple[type[BusError], ...] = (
     RouterError,

@@ -1,0 +1,131 @@
+"""The stateful conversation layer (seed 002 ``AgentRuntime``; RULES.md section 9): ``ConversationRuntime``.
+
+A conversation is one ``ConversationActor`` (the session-loop actor that owns the transcript), a
+``ToolHostActor`` that runs its tools, and optionally a ``SinkActor`` that hands its events to a local
+``EventSink``. Each turn runs the kernel: one ``run_session`` over the Router (actors/session.py), in which
+the model sees the tools through the single ``call_ktool`` bridge.
+
+Build one (all options but ``node`` and ``llm`` are optional)::
+
+    from actors.conversation import ConversationRuntime, ToolRegistry
+
+    tools = ToolRegistry()
+    tools.register(add)                       # a plain function; schema from its hints and docstring
+    rt = (
+        ConversationRuntime.builder()
+        .node(node)                           # the caller's running bus node (required)
+        .router("n1/router")                  # the Router's address (default "<node name>/router")
+        .llm("local")                         # the Router catalog model (required): "scripted", "local", ...
+        .tools(tools)                         # served by a ToolHostActor started on .host_node(n) or node
+        # .host("n2/tools")                   # ...or an already running ToolHostActor, any process
+        .system_prompt("You are terse.")      # put before the conversation in every model request
+        .session_file("sess.jsonl")           # JSONL of MessageAppended/TurnFinished/CompactionBoundary;
+                                              # an existing file is resumed (resume=False starts afresh)
+        .event_sink(my_sink)                  # any object with emit(event); see the events below
+        .session_id("s1")                     # labels the session's log records (extra session_id)
+        .compactor(Compactor(threshold_tokens=6000, keep_recent_n=4))
+        .on_session_end(hook)                 # hook(SessionEnd) on close(), once
+        .max_steps(16)                        # tool calls per turn before MAX_STEPS
+        .round_timeout(120.0)                 # provider timeout of one model request
+        .name("chat")                         # the actor's name: address "<node>/chat"
+        .build()
+    )
+    outcome = rt.run("What is 2+2?")          # RuntimeOutcome(finish_reason, final_text, ...)
+    rt.close(outcome)
+    rt.stop()                                 # stops the actors build() started
+
+From another process: ``ConversationRuntime.connect(node, "n1/chat")`` gives the same facade.
+
+``ConversationRuntime.builder()`` options not shown: ``.host_node(node)`` (where the tool host starts),
+``.conversation_node(node)`` (where the conversation actor starts), ``.user_id(...)``,
+``.reasoning_effort(...)``, ``.timeout(s)`` (the facade's default wait), ``.operation_ids(factory)`` (the
+parent operation id of each kernel run: the Router files receipts under it).
+
+Commands (``run``, ``enqueue``, ``compact_*``, ``set_transcript``, ``truncate_transcript``, ``close``, and the
+deferred ``set_llm``, ``set_event_sink``, ``replace_event_sink``, ``set_session_id``) run one at a time in
+arrival order; queries (``transcript``, ``transcript_tail``, ``queue_len``, ``turn_index``, ``event_sink``,
+``status``) and ``set_interrupt_token`` / ``CancellationToken.cancel`` are answered at once, mid-turn too.
+Every method takes ``timeout=``; ``run_future``, ``enqueue_future``, ``set_llm_future``,
+``set_event_sink_future`` and ``close_future`` return a ``concurrent.futures.Future`` (cancelling an
+``enqueue_future`` before its turn starts withdraws the message).
+
+Events an ``EventSink`` receives, in order: ``TextDelta`` (streamed answer text), ``ToolCallStarted`` and
+``ToolCallFinished`` (each tool call and its result, as they happen), then after the turn
+``MessageAppended`` for the user message and each new message, ``CompactionBoundary`` (if the turn
+compacted) and ``TurnFinished``. A tool with a ``sink`` parameter emits ``ToolNotice`` events through the sink
+it was bound to. Interrupt: ``token = CancellationToken(); rt.set_interrupt_token(token)``, then
+``token.cancel()`` from any thread; the turn ends ``FinishReason.CANCELLED`` after the current step.
+
+Models that call tools over and over (the 135M ``local`` model): give the Router catalog entry
+``tool_choice_after_call = "none"`` (actors/router/catalog.py) and keep ``max_steps`` small.
+"""
+
+from actors.conversation.host import ToolHostActor
+from actors.conversation.journal import Restored, read_journal
+from actors.conversation.messages import ConversationError, StatusReply, TurnFailed
+from actors.conversation.runtime import DEFAULT_TIMEOUT, ConversationRuntime, ConversationRuntimeBuilder
+from actors.conversation.sinks import CallbackSink, EventSink, NullSink, RemoteSink, SinkActor
+from actors.conversation.token import CancellationToken
+from actors.conversation.tools import ToolExecution, ToolRegistry, ToolRegistryError, ToolSpec
+from actors.conversation.types import (
+    AgentEvent,
+    ChatTokenUsage,
+    CompactionBoundary,
+    Compactor,
+    FinishReason,
+    Message,
+    MessageAppended,
+    MessageToolCall,
+    RuntimeOutcome,
+    SessionEnd,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolNotice,
+    TurnFinished,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AgentEvent",
+    "CallbackSink",
+    "CancellationToken",
+    "ChatTokenUsage",
+    "CompactionBoundary",
+    "Compactor",
+    "ConversationError",
+    "ConversationRuntime",
+    "ConversationRuntimeBuilder",
+    "EventSink",
+    "FinishReason",
+    "Message",
+    "MessageAppended",
+    "MessageToolCall",
+    "NullSink",
+    "RemoteSink",
+    "Restored",
+    "RuntimeOutcome",
+    "SessionEnd",
+    "SinkActor",
+    "StatusReply",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolExecution",
+    "ToolHostActor",
+    "ToolNotice",
+    "ToolRegistry",
+    "ToolRegistryError",
+    "ToolSpec",
+    "TurnFailed",
+    "TurnFinished",
+    "read_journal",
+]
+
+# The wire table actors/nodes.py adds to the registry.
+from actors.conversation.messages import ERRORS as _ERRORS
+from actors.conversation.messages import MESSAGES as _MESSAGES
+from actors.conversation.types import TYPES as _TYPES
+
+CONVERSATION_MESSAGES = (*_TYPES, *_MESSAGES)
+CONVERSATION_ERRORS = _ERRORS

@@ -1,0 +1,566 @@
+"""``ConversationActor``: the session-loop actor that hosts one ``ConversationRuntime`` (RULES.md 9, MB-03).
+
+It owns the transcript and runs commands one at a time in arrival order (a FIFO of stashed requests),
+while queries (``GetTranscript``, ``GetStatus``) and controls (``SetInterruptToken``, ``CancelToken``) are
+answered at once, mid-turn included: the actor never blocks its mailbox.
+
+Each turn, and each compaction's summary, is a kernel run (kernel.py): one ``run_session`` over the Router
+with this actor as its ``SessionHost``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+
+from actors.base import DEFER, Context
+from actors.conversation import compaction
+from actors.conversation.journal import Journal, read_journal
+from actors.conversation.kernel import (
+    HOST_TIMEOUT,
+    SUMMARY_TOOL_DESCRIPTION,
+    ConversationConfig,
+    KernelHost,
+    KernelRun,
+    line_of,
+    render_input,
+)
+from actors.conversation.messages import (
+    BindSink,
+    CancelToken,
+    CloseSession,
+    CompactNow,
+    CompactPartialAfter,
+    CompactPartialBefore,
+    ConversationError,
+    EnqueueResult,
+    EnqueueText,
+    GetStatus,
+    GetTranscript,
+    ListTools,
+    MaybeCompact,
+    RunTurn,
+    SetEventSink,
+    SetInterruptToken,
+    SetLlm,
+    SetSessionId,
+    SetTranscript,
+    StatusReply,
+    ToolList,
+    TranscriptReply,
+    TruncateTranscript,
+    WithdrawEnqueued,
+)
+from actors.conversation.tools import ToolSpec, describe_tools
+from actors.conversation.types import (
+    ChatTokenUsage,
+    CompactionBoundary,
+    CompactionTrigger,
+    FinishReason,
+    Message,
+    MessageAppended,
+    RuntimeOutcome,
+    SessionEnd,
+    TurnFinished,
+)
+from actors.router.messages import ResolveModel, TurnTextDelta
+from actors.session import (
+    HostCompleteCapture,
+    HostCompleteRound,
+    HostExecuteTool,
+    HostPrepareResume,
+    HostPrepareRound,
+    HostRecord,
+)
+from transport.messages import Ok
+from transport.node import Node
+from transport.pending import Reply
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConversationActor", "ConversationConfig"]
+
+
+# ------------------------------------------------------------------------------------------ states
+
+
+@dataclass
+class _Command:
+    message: Any
+    ctx: Context
+
+
+@dataclass(frozen=True)
+class _HooksDone:
+    ctx: Context
+
+
+class ConversationActor(KernelHost):
+    def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
+        super().__init__(node, address, config=config)
+        self._model = config.model
+        self._sink = config.sink
+        self._session_id = config.session_id
+        self._compactor = config.compactor
+        self._transcript: list[Message] = []
+        self._turn_index = 0
+        self._waiting: deque[_Command] = deque()
+        self._current: _Command | None = None
+        self._draining = False
+        self._closed = False
+        self._token: str | None = None
+        self._cancelled: set[str] = set()
+        self._journal: Journal | None = None
+        path = config.session_file
+        if path is not None:
+            if config.resume and path.exists():
+                restored = read_journal(path)
+                self._transcript = list(restored.transcript)
+                self._turn_index = restored.turn_index
+            self._journal = Journal(path, truncate=not config.resume)
+
+    # ------------------------------------------------------------------------------- dispatch
+    def handle(self, message: Any, ctx: Context) -> Any:
+        match message:
+            # queries and controls: at once (MB-03)
+            case GetTranscript(tail=tail):
+                if tail is None:
+                    return TranscriptReply(messages=tuple(self._transcript))
+                if tail < 0:
+                    raise ConversationError("transcript_tail needs n >= 0")
+                return TranscriptReply(messages=tuple(self._transcript[-tail:]) if tail else ())
+            case GetStatus():
+                return StatusReply(
+                    queue_len=sum(isinstance(c.message, EnqueueText) for c in self._waiting),
+                    turn_index=self._turn_index,
+                    busy=self._current is not None,
+                    model=self._model,
+                    session_id=self._session_id,
+                    event_sink=self._sink,
+                    transcript_len=len(self._transcript),
+                    closed=self._closed,
+                )
+            case SetInterruptToken(token_id=token_id, cancelled=cancelled):
+                self._token = token_id
+                if cancelled:
+                    self._cancelled.add(token_id)
+                return None
+            case WithdrawEnqueued(ticket=ticket):
+                for command in list(self._waiting):
+                    m = command.message
+                    if isinstance(m, EnqueueText) and m.ticket == ticket and ticket:
+                        self._waiting.remove(command)
+                        if not command.ctx.done:
+                            command.ctx.reply(EnqueueResult(outcome=None))
+                return None
+            case CancelToken(token_id=token_id):
+                self._cancelled.add(token_id)
+                if token_id == self._token and self._run is not None:
+                    self._log(logging.INFO, "interrupt requested; the turn ends at the next step boundary")
+                return None
+            # the session loop's host calls and the handle's streamed text
+            case TurnTextDelta():
+                self._text_delta(message, ctx)
+                return None
+            case (
+                HostPrepareRound()
+                | HostRecord()
+                | HostExecuteTool()
+                | HostPrepareResume()
+                | HostCompleteRound()
+                | HostCompleteCapture()
+            ):
+                return self._host_call(message, ctx)
+            # commands: one at a time, in arrival order
+            case (
+                RunTurn()
+                | EnqueueText()
+                | MaybeCompact()
+                | CompactNow()
+                | CompactPartialBefore()
+                | CompactPartialAfter()
+                | SetTranscript()
+                | TruncateTranscript()
+                | CloseSession()
+                | SetLlm()
+                | SetEventSink()
+                | SetSessionId()
+            ):
+                self._waiting.append(_Command(message, ctx))
+                self._drain()
+                return DEFER
+        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+
+    def on_start(self) -> None:
+        super().on_start()
+        if self._sink is not None:  # the builder's sink is the sink-holding tools' too (ES-02)
+
+            def bound(reply: Reply) -> None:
+                if reply.error is not None:
+                    self._log(logging.WARNING, "binding the tools to the event sink failed: %r", reply.error)
+
+            self.ask(self.config.host, BindSink(address=self._sink), bound, timeout=HOST_TIMEOUT)
+
+    def on_local(self, message: Any) -> Any:
+        if isinstance(message, _HooksDone):
+            self._done(message.ctx, None)
+            return None
+        return super().on_local(message)
+
+    def on_stop(self) -> None:
+        while self._waiting:  # QU-04: enqueued messages that never ran resolve to None
+            command = self._waiting.popleft()
+            if isinstance(command.message, EnqueueText) and not command.ctx.done:
+                command.ctx.reply(EnqueueResult(outcome=None))
+        if self._journal is not None:
+            self._journal.close()
+        super().on_stop()
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _log(self, level: int, msg: str, *args: Any, **fields: Any) -> None:
+        """A log record of this session: ``session_id`` once set (SID-01/SID-02), plus ``fields``."""
+        extra = {"session_id": self._session_id, **fields} if self._session_id is not None else fields
+        log.log(level, "%s: " + msg, self.address, *args, extra=extra or None)
+
+    def _emit(self, event: Any) -> None:
+        if self._journal is not None:
+            try:
+                self._journal.event(event)
+            except OSError:  # a full disk must not wedge the session: loud, and the turn goes on
+                log.exception("%s: cannot write the session file", self.address)
+        if self._sink is not None:
+            self.tell_to(self._sink, event)
+
+    def ask(self, dst: str, message: Any, then: Callable[[Reply], None], **kwargs: Any) -> bytes:
+        """``BusActor.ask`` whose continuation, should it raise (a bug), fails the running command instead
+        of leaving its caller waiting until the deadline."""
+
+        def guarded(reply: Reply) -> None:
+            try:
+                then(reply)
+            except Exception as exc:
+                log.exception("%s: continuation for %s raised", self.address, type(message).__name__)
+                current = self._current
+                if current is not None:
+                    self._run = None
+                    self._done(current.ctx, exc)
+
+        return super().ask(dst, message, guarded, **kwargs)
+
+    def _cancel_requested(self) -> bool:
+        return self._token is not None and self._token in self._cancelled
+
+    def _append(self, message: Message) -> None:
+        self._transcript.append(message)
+        self._emit(MessageAppended(message=message, index=len(self._transcript) - 1))
+
+    # --------------------------------------------------------------------------------- commands
+    def _drain(self) -> None:
+        if self._draining:  # a command that finished synchronously: the outer loop goes on
+            return
+        self._draining = True
+        try:
+            while self._current is None and self._waiting:
+                command = self._waiting.popleft()
+                if command.ctx.done:
+                    continue
+                self._current = command
+                try:
+                    self._start(command)
+                except Exception as exc:
+                    if self._current is command:
+                        self._done(command.ctx, exc)
+                    else:
+                        log.exception("%s: command failed after it finished", self.address)
+        finally:
+            self._draining = False
+
+    def _done(self, ctx: Context, result: Any) -> None:
+        """Answer the current command (an exception fails it) and start the next one."""
+        if not ctx.done:
+            if isinstance(result, BaseException):
+                ctx.fail(result)
+            else:
+                ctx.reply(Ok() if result is None else result)
+        if self._current is not None and self._current.ctx is ctx:
+            self._current = None
+        self._drain()
+
+    def _start(self, command: _Command) -> None:
+        ctx = command.ctx
+        match command.message:
+            case RunTurn(text=text) | EnqueueText(text=text):
+                self._start_turn(text, ctx, wrap=isinstance(command.message, EnqueueText))
+            case MaybeCompact(usage=usage):
+                self._maybe_compact(usage, lambda error: self._done(ctx, error))
+            case CompactNow():
+                self._compact_full("manual", None, lambda error: self._done(ctx, error))
+            case CompactPartialBefore(pivot_index=p):
+                self._compact_before(p, lambda error: self._done(ctx, error))
+            case CompactPartialAfter(pivot_index=p):
+                self._compact_after(p, lambda error: self._done(ctx, error))
+            case SetTranscript(messages=messages):
+                self._transcript = list(messages)
+                if self._journal is not None:
+                    self._journal.replaced(messages)
+                self._done(ctx, None)
+            case TruncateTranscript(length=length):
+                if length < 0:
+                    raise ConversationError(f"truncate_transcript needs a length >= 0, not {length}")
+                if length < len(self._transcript):
+                    del self._transcript[length:]
+                    if self._journal is not None:
+                        self._journal.truncated(length)
+                self._done(ctx, None)
+            case CloseSession(last_outcome=last):
+                self._close(last, ctx)
+            case SetLlm(model=model):
+                self._set_llm(model, ctx)
+            case SetEventSink(address=address, rebind_tools=rebind):
+                self._sink = address
+                if not rebind:
+                    self._done(ctx, None)
+                else:
+                    self.ask(
+                        self.config.host,
+                        BindSink(address=address),
+                        lambda reply: self._done(ctx, reply.error),
+                        timeout=HOST_TIMEOUT,
+                    )
+            case SetSessionId(session_id=session_id):
+                self._session_id = session_id
+                self._done(ctx, None)
+
+    def _set_llm(self, model: str, ctx: Context) -> None:
+        def resolved(reply: Reply) -> None:
+            if reply.error is None:
+                self._model = model
+            self._done(ctx, reply.error)
+
+        self.ask(self.config.router, ResolveModel(requested=model), resolved)
+
+    def _close(self, last: RuntimeOutcome | None, ctx: Context) -> None:
+        if self._closed:  # CL-02
+            self._done(ctx, None)
+            return
+        self._closed = True
+        event = SessionEnd(session_id=self._session_id, last_outcome=last)
+        hooks = self.config.hooks
+        self._log(logging.INFO, "session end (%d hook(s))", len(hooks))
+        if not hooks:
+            self._done(ctx, None)
+            return
+        ref = self.actor_ref
+
+        def fire() -> None:  # off the actor thread: queries stay answered while hooks run (CL-04)
+            for hook in hooks:
+                try:
+                    hook(event)
+                except Exception:
+                    log.exception("SessionEnd hook %r raised", hook)
+            try:
+                ref.tell(_HooksDone(ctx))
+            except pykka.ActorDeadError:
+                log.info("the conversation stopped while its SessionEnd hooks ran")
+
+        threading.Thread(target=fire, name=f"{self.name}-session-end", daemon=True).start()
+
+    # ------------------------------------------------------------------------------------ turns
+    def _start_turn(self, text: str, ctx: Context, *, wrap: bool) -> None:
+        index = self._turn_index
+        self._turn_index += 1  # CV-05: a turn counts once started
+        self._transcript.append(Message.user(text))  # CV-01 (its event follows the turn, CV-09)
+        user_at = len(self._transcript) - 1
+        self._log(
+            logging.INFO,
+            "turn %d started (model %s)",
+            index,
+            self._model,
+            span="conversation.turn",
+            turn_index=index,
+        )
+
+        def answer(result: Any) -> None:
+            if wrap and isinstance(result, RuntimeOutcome):
+                result = EnqueueResult(outcome=result)
+            self._done(ctx, result)
+
+        if self._cancel_requested():  # IT-04: the first boundary comes before any model call
+            run = KernelRun("turn", "", self._model, "", "", turn_index=index, finish=FinishReason.CANCELLED)
+            self._finish_turn(run, user_at, answer)
+            return
+
+        def listed(reply: Reply) -> None:
+            if reply.error is not None:
+                self._fail_turn(user_at, reply.error, answer)
+                return
+            specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
+            run = KernelRun(
+                "turn",
+                "",
+                self._model,
+                render_input(self.config.system_prompt, self._transcript),
+                describe_tools(specs),
+                turn_index=index,
+            )
+            self._kernel(run, lambda error: self._turn_ran(run, user_at, error, answer))
+
+        self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
+
+    def _turn_ran(
+        self, run: KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]
+    ) -> None:
+        if error is not None:
+            self._fail_turn(user_at, error, answer)
+        else:
+            self._finish_turn(run, user_at, answer)
+
+    def _fail_turn(self, user_at: int, error: BaseException, answer: Callable[[Any], None]) -> None:
+        """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn
+        still counts (CV-05): the session file says so for a resume."""
+        self._emit(MessageAppended(message=self._transcript[user_at], index=user_at))
+        if self._journal is not None:
+            try:
+                self._journal.failed(self._turn_index - 1, f"{type(error).__name__}: {error}"[:500])
+            except OSError:
+                log.exception("%s: cannot write the session file", self.address)
+        self._log(logging.WARNING, "turn failed: %r", error)
+        answer(error)
+
+    def _finish_turn(self, run: KernelRun, user_at: int, answer: Callable[[Any], None]) -> None:
+        self._transcript.extend(run.new)  # CV-02, in kernel order
+        usage = ChatTokenUsage.from_token_usage(run.usage)
+        outcome = RuntimeOutcome(
+            finish_reason=run.finish,
+            final_text=run.final or "",
+            new_messages=len(run.new),
+            steps=run.steps,
+            usage=usage,
+            turn_index=run.turn_index,
+        )
+        for i in range(user_at, len(self._transcript)):  # CV-09
+            self._emit(MessageAppended(message=self._transcript[i], index=i))
+
+        def compacted(error: BaseException | None) -> None:
+            if error is not None:  # CV-11: logged, never discards the outcome
+                self._log(logging.WARNING, "cross-turn compaction failed: %r", error)
+            self._emit(TurnFinished(turn_index=run.turn_index, finish_reason=run.finish, usage=usage))
+            self._log(
+                logging.INFO,
+                "turn %d finished: %s",
+                run.turn_index,
+                run.finish,
+                span="conversation.turn",
+                turn_index=run.turn_index,
+                finish_reason=str(run.finish),
+            )
+            answer(outcome)
+
+        self._maybe_compact(usage, compacted)  # CV-11
+
+    # ------------------------------------------------------------------------------- compaction
+    def _maybe_compact(self, usage: ChatTokenUsage, then: Callable[[BaseException | None], None]) -> None:
+        compactor = self._compactor
+        if compactor is None:  # CP-01
+            then(None)
+            return
+        trigger = compaction.cross_turn_trigger(compactor, self._transcript, usage)
+        if trigger is None:
+            then(None)
+            return
+        self._compact_full(trigger, usage, then)
+
+    def _compact_full(
+        self,
+        trigger: CompactionTrigger,
+        usage: ChatTokenUsage | None,
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        compactor = self._compactor
+        if compactor is None or len(self._transcript) < compactor.keep_recent_n + 2:  # CP-01, CP-09
+            then(None)
+            return
+        s = compaction.safe_split_point(self._transcript, compactor.keep_recent_n)  # CP-10
+        if s == 0:
+            then(None)
+            return
+        self._summarize(trigger, 0, s, usage, then)
+
+    def _compact_before(self, pivot: int, then: Callable[[BaseException | None], None]) -> None:
+        compactor = self._compactor
+        if compactor is None:
+            then(None)
+            return
+        s = compaction.partial_before_split(self._transcript, pivot, compactor.keep_recent_n)  # CP-13/14
+        if s == 0:
+            then(None)
+            return
+        self._summarize("partial_before", 0, s, None, then)
+
+    def _compact_after(self, pivot: int, then: Callable[[BaseException | None], None]) -> None:
+        if self._compactor is None:
+            then(None)
+            return
+        b = compaction.partial_after_boundary(self._transcript, pivot)  # CP-15/16
+        if b is None:
+            then(None)
+            return
+        self._summarize("partial_after", b, len(self._transcript), None, then)
+
+    def _summarize(
+        self,
+        trigger: CompactionTrigger,
+        start: int,
+        end: int,
+        usage: ChatTokenUsage | None,
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        """Summarize ``transcript[start:end]`` with the session's model; swap it in atomically (CP-17)."""
+        compactor = self._compactor
+        assert compactor is not None
+        before = list(self._transcript)
+        part = before[start:end]
+        text = compactor.instructions + "\n\n" + "\n".join(line_of(m) for m in part)
+        run = KernelRun("summary", "", self._model, text, SUMMARY_TOOL_DESCRIPTION)
+
+        def summarized(error: BaseException | None) -> None:
+            if error is None and not (run.final or "").strip():
+                error = ConversationError("the model returned an empty summary")
+            if error is not None:
+                then(error if isinstance(error, ConversationError) else _wrap(error))
+                return
+            if self._transcript != before:  # cannot happen: commands run one at a time
+                then(ConversationError("the transcript changed during compaction"))
+                return
+            summary = Message.system(
+                f"Summary of {len(part)} earlier message(s):\n{(run.final or '').strip()}"
+            )
+            self._transcript = [*before[:start], summary, *before[end:]]
+            self._emit(
+                CompactionBoundary(
+                    trigger=trigger,
+                    summarized_count=len(part),
+                    kept_count=len(before) - len(part),
+                    prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                    cache_hit_tokens=usage.cache_hit_tokens if usage is not None else None,
+                    cache_miss_tokens=usage.cache_miss_tokens if usage is not None else None,
+                )
+            )
+            for i, m in enumerate(self._transcript):  # CP-06: summary and every kept message
+                self._emit(MessageAppended(message=m, index=i))
+            self._log(logging.INFO, "compacted %d message(s) (%s)", len(part), trigger)
+            then(None)
+
+        self._kernel(run, summarized)
+
+
+def _wrap(error: BaseException) -> ConversationError:
+    wrapped = ConversationError(f"summarization failed: {error}")
+    wrapped.__cause__ = error
+    return wrapped

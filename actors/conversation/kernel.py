@@ -1,0 +1,275 @@
+"""One kernel run of a conversation: a ``run_session`` (actors/session.py) whose ``SessionHost`` is the
+conversation actor itself (``KernelHost``).
+
+``prepare_round`` renders the transcript into the round's input and lists the tool host's tools in
+``tool_description`` (the model calls them through the one ``call_ktool``); ``execute_tool`` forwards each
+call to the ``ToolHostActor`` and records the call and its result together, so no call is left without its
+result; ``prepare_provider_resume`` is the step boundary where an interrupt (IT-01/IT-02) or the step budget
+ends the turn. The summary of a compaction is a kernel run of the same kind, without tools.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from actors.base import DEFER, BusActor, Context
+from actors.conversation.messages import ConversationError, ExecuteTool
+from actors.conversation.tools import ToolExecution
+from actors.conversation.types import (
+    Compactor,
+    FinishReason,
+    Message,
+    MessageToolCall,
+    SessionEnd,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from actors.inference import PreparedRound
+from actors.router.messages import TurnTextDelta
+from actors.session import (
+    HostCompleteCapture,
+    HostCompleteRound,
+    HostExecuteTool,
+    HostPrepareResume,
+    HostPrepareRound,
+    HostRecord,
+    ProviderResume,
+    RoundPreparation,
+    RunSession,
+    SessionControl,
+    SessionEvent,
+    SessionLoopActor,
+    SessionRunRequest,
+    SessionToolOutcome,
+)
+from actors.types import TokenUsage, ToolCall, ToolCallError
+from transport.node import Node
+from transport.pending import Reply
+
+__all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_input"]
+
+RUN_TIMEOUT = 24 * 3600.0  # one run_session; the callers' own deadlines bound their waits
+HOST_TIMEOUT = 3600.0
+SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
+
+
+@dataclass(frozen=True)
+class ConversationConfig:
+    router: str
+    model: str
+    host: str
+    system_prompt: str = ""
+    session_file: Path | None = None
+    resume: bool = True
+    compactor: Compactor | None = None
+    sink: str | None = None
+    session_id: str | None = None
+    hooks: tuple[Callable[[SessionEnd], None], ...] = ()
+    max_steps: int = 16
+    user_id: str = "conversation"
+    round_timeout: float | None = None
+    reasoning_effort: str = ""
+    operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+
+
+def line_of(m: Message) -> str:
+    """One transcript message as a line of the rendered conversation."""
+    match m.role:
+        case "user":
+            return f"User: {m.content}"
+        case "system":
+            return f"System: {m.content}"
+        case "tool":
+            status = "error" if m.is_error else "ok"
+            return f"Tool result ({m.tool_call_id}, {status}): {m.content}"
+    calls = "".join(f"\nAssistant called tool {c.name} with {c.arguments} ({c.id})" for c in m.tool_calls)
+    text = f"Assistant: {m.content}" if m.content or not calls else ""
+    return (text + calls).lstrip("\n")
+
+
+def render_input(system_prompt: str, transcript: list[Message] | tuple[Message, ...]) -> str:
+    """The text one round sends to the model: instructions, the conversation so far, the latest message."""
+    parts = [system_prompt] if system_prompt else []
+    history, latest = list(transcript), None
+    if history and history[-1].role == "user":
+        latest = history.pop()
+    if history:
+        parts.append("Conversation so far:\n" + "\n".join(line_of(m) for m in history))
+    if latest is not None:
+        parts.append(latest.content if not history else f"User: {latest.content}")
+    return "\n\n".join(parts)
+
+
+@dataclass
+class KernelRun:
+    """One run_session in flight (a turn or a summary)."""
+
+    mode: Literal["turn", "summary"]
+    loop: str  # the session loop's address: the only sender the host handlers accept
+    model: str
+    provider_input: str
+    tool_description: str
+    turn_index: int = -1
+    new: list[Message] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # streamed text since the last tool call
+    steps: int = 0
+    usage: TokenUsage | None = None
+    finish: FinishReason = FinishReason.STOP
+    final: str | None = None
+
+
+class KernelHost(BusActor):
+    """The kernel half of the conversation actor: starts kernel runs and serves their host calls."""
+
+    def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
+        super().__init__(node, address)
+        self.config = config
+        self._run: KernelRun | None = None
+        self._loops = itertools.count()
+
+    def _emit(self, event: Any) -> None:
+        raise NotImplementedError
+
+    def _cancel_requested(self) -> bool:
+        raise NotImplementedError
+
+    def _text_delta(self, delta: TurnTextDelta, ctx: Context) -> None:
+        """A piece of the model's text, told by the run's inference handle (RunSession.observer)."""
+        run = self._run
+        if run is None or run.mode != "turn" or not ctx.header.src.startswith(f"{run.loop}.inference."):
+            return  # a late delta of an earlier run, or a stranger's
+        run.text.append(delta.text)
+        self._emit(TextDelta(turn_index=run.turn_index, text=delta.text))
+
+    def _kernel(self, run: KernelRun, then: Callable[[BaseException | None], None]) -> None:
+        """Run one run_session with this actor as its host; ``then(error)`` when it ends."""
+        name = f"{self.name}.loop.{next(self._loops)}"
+        self.node.spawn(SessionLoopActor, name)
+        run.loop = f"{self.node.name}/{name}"
+        self._run = run
+        request = SessionRunRequest(
+            user_id=self.config.user_id,
+            operation_id=self.config.operation_ids(),
+            rounds_used=0,
+            round_limit=1,
+        )
+
+        def ended(reply: Reply) -> None:
+            self._run = None
+            then(reply.error)
+
+        self.ask(
+            run.loop,
+            RunSession(request=request, host=self.address, router=self.config.router, observer=self.address),
+            ended,
+            timeout=RUN_TIMEOUT,
+        )
+
+    # ------------------------------------------------------------------------- the host protocol
+    def _host_call(self, message: Any, ctx: Context) -> Any:
+        run = self._run
+        if run is None or ctx.header.src != run.loop:
+            raise ConversationError(f"{type(message).__name__} from {ctx.header.src}: no such session loop")
+        match message:
+            case HostPrepareRound():
+                if run.mode == "turn" and self._cancel_requested():
+                    run.finish = FinishReason.CANCELLED
+                    return RoundPreparation.Complete(answer=None)
+                return RoundPreparation.Run(
+                    prepared=PreparedRound(
+                        input=run.provider_input,
+                        provider_input=run.provider_input,
+                        continuation=None,
+                        model=run.model,
+                        reasoning_effort=self.config.reasoning_effort,
+                        tool_description=run.tool_description,
+                        timeout=self.config.round_timeout,
+                    )
+                )
+            case HostRecord(event=event):
+                if isinstance(event, SessionEvent.UsageUpdated) or (
+                    isinstance(event, SessionEvent.ProviderReceipt) and event.usage is not None
+                ):
+                    run.usage = event.usage
+                return None
+            case HostExecuteTool(call_id=call_id, call=call):
+                return self._execute(run, call_id, call, ctx)
+            case HostPrepareResume(outcome=outcome):
+                if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result
+                    run.finish = FinishReason.CANCELLED
+                    return ProviderResume.Complete(answer=None)
+                if run.steps >= (self.config.max_steps if run.mode == "turn" else 2):
+                    run.finish = FinishReason.MAX_STEPS
+                    return ProviderResume.Complete(answer=None)
+                return ProviderResume.Continue(outcome=outcome)
+            case HostCompleteRound(completion=completion):
+                return self._completed(run, completion.answer)
+            case HostCompleteCapture(contents=contents):
+                return self._completed(run, contents)
+        raise TypeError(type(message).__name__)
+
+    def _completed(self, run: KernelRun, answer: str) -> Any:
+        run.final = answer
+        if run.mode == "turn":
+            if self._cancel_requested():
+                run.finish = FinishReason.CANCELLED
+            run.new.append(Message.assistant(answer))
+        return SessionControl.Complete(answer=answer)
+
+    def _execute(self, run: KernelRun, call_id: str, call: ToolCall | ToolCallError, ctx: Context) -> Any:
+        run.steps += 1
+        content, run.text = "".join(run.text), []
+        if isinstance(call, ToolCall):
+            name, arguments = call.name, json.dumps(call.arguments, ensure_ascii=False)
+        else:
+            name, arguments = "call_ktool", json.dumps({"error": str(call)}, ensure_ascii=False)
+        if run.mode == "turn":
+            self._emit(
+                ToolCallStarted(turn_index=run.turn_index, call_id=call_id, name=name, arguments=arguments)
+            )
+
+        def finished(result: ToolExecution) -> None:
+            if run.mode == "turn":  # the call and its result enter the turn together: never an orphan
+                run.new.append(
+                    Message.assistant(content, (MessageToolCall(id=call_id, name=name, arguments=arguments),))
+                )
+                run.new.append(Message.tool(call_id, result.text, is_error=not result.ok))
+                self._emit(
+                    ToolCallFinished(
+                        turn_index=run.turn_index, call_id=call_id, name=name, ok=result.ok, text=result.text
+                    )
+                )
+            outcome = SessionToolOutcome(text=result.text, ok=result.ok)
+            if not ctx.done:
+                ctx.reply(outcome)
+
+        if run.mode == "summary":
+            finished(ToolExecution(ok=False, text=SUMMARY_TOOL_DESCRIPTION))
+        elif isinstance(call, ToolCallError):
+            finished(ToolExecution(ok=False, text=f"invalid tool call: {call}"))
+        else:
+
+            def executed(reply: Reply) -> None:
+                if reply.error is not None:
+                    finished(ToolExecution(ok=False, text=f"the tool host failed: {reply.error}"))
+                elif isinstance(reply.message, ToolExecution):
+                    finished(reply.message)
+                else:
+                    finished(
+                        ToolExecution(ok=False, text=f"the tool host answered {type(reply.message).__name__}")
+                    )
+
+            self.ask(
+                self.config.host,
+                ExecuteTool(name=call.name, arguments=dict(call.arguments)),
+                executed,
+                timeout=HOST_TIMEOUT,
+            )
+        return DEFER

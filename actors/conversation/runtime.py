@@ -1,0 +1,429 @@
+"""``ConversationRuntime``: the facade of one conversation actor, and its builder (RULES.md 9, C.2).
+
+Every method sends a request to the conversation actor and blocks the calling thread until the reply
+(``timeout=`` bounds the wait); ``*_future`` twins return a ``concurrent.futures.Future`` instead. The facade
+holds no state of the conversation: any number of facades, in any processes, may drive the same actor
+(``ConversationRuntime.connect``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from actors.conversation.messages import (
+    CloseSession,
+    CompactNow,
+    CompactPartialAfter,
+    CompactPartialBefore,
+    EnqueueText,
+    GetStatus,
+    GetTranscript,
+    MaybeCompact,
+    RunTurn,
+    SetEventSink,
+    SetInterruptToken,
+    SetLlm,
+    SetSessionId,
+    SetTranscript,
+    StatusReply,
+    TranscriptReply,
+    TruncateTranscript,
+    WithdrawEnqueued,
+)
+from actors.conversation.sinks import EventSink, NullSink, RemoteSink, SinkActor
+from actors.conversation.token import CancellationToken
+from actors.conversation.tools import ToolRegistry
+from actors.conversation.types import ChatTokenUsage, Compactor, Message, RuntimeOutcome, SessionEnd
+from transport.errors import BusError
+from transport.node import Node
+from transport.pending import forbid_blocking
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_TIMEOUT", "ConversationRuntime", "ConversationRuntimeBuilder"]
+
+DEFAULT_TIMEOUT = 600.0  # a turn may run tools and a slow model; every call may pass its own
+
+
+def _none(value: Any) -> None:
+    return None
+
+
+class ConversationRuntime:
+    """The stateful conversation (seed 002 ``AgentRuntime``). Build with ``ConversationRuntime.builder()``;
+    reach an existing one with ``ConversationRuntime.connect(node, address)``."""
+
+    def __init__(
+        self,
+        node: Node,
+        address: str,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        owned: Sequence[tuple[Node, str]] = (),
+    ) -> None:
+        self.node = node
+        self.address = address
+        self.timeout = timeout
+        self._owned = list(owned)  # (node, actor name) this facade started (``stop`` stops them)
+        self._sinks: dict[str, EventSink] = {}  # sink actor address -> the local sink it serves
+
+    @staticmethod
+    def builder() -> ConversationRuntimeBuilder:
+        return ConversationRuntimeBuilder()
+
+    @classmethod
+    def connect(
+        cls, node: Node, address: str, *, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> ConversationRuntime:
+        """A facade on the conversation actor at ``address`` (possibly in another process)."""
+        return cls(node, address, timeout=timeout)
+
+    # ---------------------------------------------------------------------------------- plumbing
+    def _t(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def _future(
+        self, message: Any, timeout: float | None, convert: Callable[[Any], Any] = lambda v: v
+    ) -> concurrent.futures.Future[Any]:
+        inner = self.node.request_future(self.address, message, timeout=self._t(timeout))
+        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            if outer.done():  # the caller cancelled it
+                return
+            error = fut.exception()
+            if error is not None:
+                outer.set_exception(error)
+                return
+            try:
+                outer.set_result(convert(fut.result()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outer.set_exception(exc)
+
+        inner.add_done_callback(done)
+        return outer
+
+    def _call(self, message: Any, timeout: float | None, convert: Callable[[Any], Any] = lambda v: v) -> Any:
+        forbid_blocking(type(message).__name__)
+        t = self._t(timeout)
+        return self._future(message, timeout, convert).result(None if t is None else t + 1.0)
+
+    # ---------------------------------------------------------------------------------- commands
+    def run(self, user_text: str, *, timeout: float | None = None) -> RuntimeOutcome:
+        """One turn: append ``user(user_text)``, run the model with the tools, append its messages."""
+        return self._call(RunTurn(text=user_text), timeout)  # type: ignore[no-any-return]
+
+    def run_future(self, user_text: str, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(RunTurn(text=user_text), timeout)
+
+    def enqueue(self, text: str, *, timeout: float | None = None) -> RuntimeOutcome | None:
+        """Queue ``text``; returns the outcome of the turn that ran it (FIFO with every other caller)."""
+        return self._call(EnqueueText(text=text), timeout, lambda r: r.outcome)  # type: ignore[no-any-return]
+
+    def enqueue_future(self, text: str, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        """``cancel()`` on the returned future withdraws the message if it has not started (QU-04)."""
+        ticket = uuid.uuid4().hex
+        future = self._future(EnqueueText(text=text, ticket=ticket), timeout, lambda r: r.outcome)
+        node, address = self.node, self.address
+
+        def withdrawn(fut: concurrent.futures.Future[Any]) -> None:
+            if fut.cancelled():
+                node.tell(address, WithdrawEnqueued(ticket=ticket))
+
+        future.add_done_callback(withdrawn)
+        return future
+
+    def maybe_compact_cross_turn(self, last_usage: ChatTokenUsage, *, timeout: float | None = None) -> None:
+        self._call(MaybeCompact(usage=last_usage), timeout, _none)
+
+    def compact_now(self, *, timeout: float | None = None) -> None:
+        self._call(CompactNow(), timeout, _none)
+
+    def compact_partial_before(self, pivot_index: int, *, timeout: float | None = None) -> None:
+        self._call(CompactPartialBefore(pivot_index=pivot_index), timeout, _none)
+
+    def compact_partial_after(self, pivot_index: int, *, timeout: float | None = None) -> None:
+        self._call(CompactPartialAfter(pivot_index=pivot_index), timeout, _none)
+
+    def set_transcript(self, transcript: Sequence[Message], *, timeout: float | None = None) -> None:
+        self._call(SetTranscript(messages=tuple(transcript)), timeout, _none)
+
+    def truncate_transcript(self, length: int, *, timeout: float | None = None) -> None:
+        self._call(TruncateTranscript(length=length), timeout, _none)
+
+    def close(self, last_outcome: RuntimeOutcome | None = None, *, timeout: float | None = None) -> None:
+        """Fire ``SessionEnd`` once, after every command submitted before it (CL-01..CL-05)."""
+        self._call(CloseSession(last_outcome=last_outcome), timeout, _none)
+
+    def close_future(
+        self, last_outcome: RuntimeOutcome | None = None, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(CloseSession(last_outcome=last_outcome), timeout, _none)
+
+    # ----------------------------------------------------- configuration (applied between commands)
+    def set_llm(self, model: str, *, timeout: float | None = None) -> None:
+        """Use the Router model ``model`` from the next command on (never mid-turn, LLM-02)."""
+        self._call(SetLlm(model=model), timeout, _none)
+
+    def set_llm_future(self, model: str, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(SetLlm(model=model), timeout, _none)
+
+    def _sink_address(self, sink: EventSink | None) -> str | None:
+        if sink is None or isinstance(sink, NullSink):
+            return None
+        if isinstance(sink, RemoteSink):
+            return sink.address
+        for address, known in self._sinks.items():
+            if known is sink:
+                return address
+        name = f"conversation-sink.{uuid.uuid4().hex[:12]}"
+        self.node.spawn(SinkActor, name, sink=sink)
+        self._owned.append((self.node, name))
+        address = f"{self.node.name}/{name}"
+        self._sinks[address] = sink
+        return address
+
+    def set_event_sink(self, sink: EventSink | None, *, timeout: float | None = None) -> None:
+        """Send later events to ``sink`` and re-bind the sink-holding tools to it (ES-02)."""
+        self._call(SetEventSink(address=self._sink_address(sink), rebind_tools=True), timeout, _none)
+
+    def set_event_sink_future(
+        self, sink: EventSink | None, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(SetEventSink(address=self._sink_address(sink), rebind_tools=True), timeout, _none)
+
+    def replace_event_sink(self, sink: EventSink | None, *, timeout: float | None = None) -> None:
+        """Send the runtime's own events to ``sink``; sink-holding tools keep their sink (ES-03)."""
+        self._call(SetEventSink(address=self._sink_address(sink), rebind_tools=False), timeout, _none)
+
+    def set_session_id(self, session_id: str, *, timeout: float | None = None) -> None:
+        self._call(SetSessionId(session_id=session_id), timeout, _none)
+
+    def set_interrupt_token(self, token: CancellationToken, *, timeout: float | None = None) -> None:
+        """Install ``token`` at once (it interrupts the current or next turn); replaces the previous one."""
+        token.bind(self.node, self.address)
+        self._call(SetInterruptToken(token_id=token.token_id, cancelled=token.is_cancelled()), timeout, _none)
+
+    # ------------------------------------------------------------------ queries (answered mid-turn)
+    def transcript(self, *, timeout: float | None = None) -> tuple[Message, ...]:
+        return self._call(GetTranscript(), timeout, lambda r: r.messages)  # type: ignore[no-any-return]
+
+    def transcript_tail(self, n: int, *, timeout: float | None = None) -> tuple[Message, ...]:
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        reply: TranscriptReply = self._call(GetTranscript(tail=n), timeout)
+        return reply.messages
+
+    def status(self, *, timeout: float | None = None) -> StatusReply:
+        return self._call(GetStatus(), timeout)  # type: ignore[no-any-return]
+
+    def queue_len(self, *, timeout: float | None = None) -> int:
+        return self.status(timeout=timeout).queue_len
+
+    def turn_index(self, *, timeout: float | None = None) -> int:
+        return self.status(timeout=timeout).turn_index
+
+    def model(self, *, timeout: float | None = None) -> str:
+        return self.status(timeout=timeout).model
+
+    def event_sink(self, *, timeout: float | None = None) -> EventSink:
+        """The sink in use: the local object this facade installed, else a ``RemoteSink`` on its address."""
+        address = self.status(timeout=timeout).event_sink
+        if address is None:
+            return NullSink()
+        return self._sinks.get(address) or RemoteSink(self.node, address)
+
+    # ------------------------------------------------------------------------------------ lifetime
+    def stop(self) -> None:
+        """Stop the actors this facade started (the conversation, its tool host, its sink actors)."""
+        for node, name in reversed(self._owned):
+            ref = node.lookup(name)
+            if ref is not None:
+                ref.stop(block=True, timeout=10.0)
+        self._owned.clear()
+
+    def __enter__(self) -> ConversationRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the session (SessionEnd, once) and stop the actors, when this facade built them."""
+        if self._owned:
+            try:
+                self.close(timeout=10.0)
+            except BusError as error:
+                log.warning("closing %s on exit failed: %r", self.address, error)
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ConversationRuntime({self.address!r})"
+
+
+class ConversationRuntimeBuilder:
+    """Options of a new conversation; ``build()`` starts its actors and returns the facade."""
+
+    def __init__(self) -> None:
+        self._node: Node | None = None
+        self._router: str | None = None
+        self._model: str | None = None
+        self._tools: ToolRegistry | None = None
+        self._host: str | None = None
+        self._host_node: Node | None = None
+        self._system_prompt = ""
+        self._session_file: Path | None = None
+        self._resume = True
+        self._compactor: Compactor | None = None
+        self._sink: EventSink | None = None
+        self._session_id: str | None = None
+        self._hooks: list[Callable[[SessionEnd], None]] = []
+        self._max_steps = 16
+        self._user_id = "conversation"
+        self._name: str | None = None
+        self._conversation_node: Node | None = None
+        self._round_timeout: float | None = None
+        self._timeout: float | None = DEFAULT_TIMEOUT
+        self._reasoning_effort = ""
+        self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+
+    def node(self, node: Node) -> ConversationRuntimeBuilder:
+        """The caller's bus node (required): the facade talks through it; actors start on it by default."""
+        self._node = node
+        return self
+
+    def router(self, address: str) -> ConversationRuntimeBuilder:
+        """The Router's address (default ``<node>/router``)."""
+        self._router = address
+        return self
+
+    def llm(self, model: str) -> ConversationRuntimeBuilder:
+        """The Router catalog model the turns use (required; e.g. ``"scripted"``, ``"local"``)."""
+        self._model = model
+        return self
+
+    model = llm
+
+    def tools(self, registry: ToolRegistry) -> ConversationRuntimeBuilder:
+        """The tools; a tool-host actor serving them starts on ``host_node`` (default: the node)."""
+        self._tools = registry
+        return self
+
+    def host(self, address: str) -> ConversationRuntimeBuilder:
+        """Use an already running ``ToolHostActor`` (possibly in another process) instead of ``tools``."""
+        self._host = address
+        return self
+
+    def host_node(self, node: Node) -> ConversationRuntimeBuilder:
+        self._host_node = node
+        return self
+
+    def conversation_node(self, node: Node) -> ConversationRuntimeBuilder:
+        """Where the conversation actor (and its session loops) run (default: the node)."""
+        self._conversation_node = node
+        return self
+
+    def system_prompt(self, text: str) -> ConversationRuntimeBuilder:
+        """Instructions put before the conversation in every model request (not a transcript message)."""
+        self._system_prompt = text
+        return self
+
+    def session_file(self, path: str | Path, *, resume: bool = True) -> ConversationRuntimeBuilder:
+        """The session's JSONL file; with ``resume`` an existing file restores the transcript first."""
+        self._session_file = Path(path)
+        self._resume = resume
+        return self
+
+    def compactor(self, compactor: Compactor | None) -> ConversationRuntimeBuilder:
+        self._compactor = compactor
+        return self
+
+    def event_sink(self, sink: EventSink | None) -> ConversationRuntimeBuilder:
+        self._sink = sink
+        return self
+
+    def session_id(self, session_id: str) -> ConversationRuntimeBuilder:
+        self._session_id = session_id
+        return self
+
+    def on_session_end(self, hook: Callable[[SessionEnd], None]) -> ConversationRuntimeBuilder:
+        """A ``SessionEnd`` hook (runs once, on ``close``, in the conversation actor's process)."""
+        self._hooks.append(hook)
+        return self
+
+    def max_steps(self, n: int) -> ConversationRuntimeBuilder:
+        """Tool calls allowed in one turn; the turn ends ``MAX_STEPS`` at the next boundary past it."""
+        if n < 1:
+            raise ValueError("max_steps must be at least 1")
+        self._max_steps = n
+        return self
+
+    def user_id(self, user_id: str) -> ConversationRuntimeBuilder:
+        self._user_id = user_id
+        return self
+
+    def name(self, name: str) -> ConversationRuntimeBuilder:
+        """The conversation actor's name on its node (default ``conversation.<random>``)."""
+        self._name = name
+        return self
+
+    def round_timeout(self, seconds: float | None) -> ConversationRuntimeBuilder:
+        """The provider timeout of one model request (PreparedRound.timeout)."""
+        self._round_timeout = seconds
+        return self
+
+    def reasoning_effort(self, effort: str) -> ConversationRuntimeBuilder:
+        self._reasoning_effort = effort
+        return self
+
+    def timeout(self, seconds: float | None) -> ConversationRuntimeBuilder:
+        """The facade's default wait for a reply."""
+        self._timeout = seconds
+        return self
+
+    def operation_ids(self, factory: Callable[[], uuid.UUID]) -> ConversationRuntimeBuilder:
+        self._operation_ids = factory
+        return self
+
+    def build(self) -> ConversationRuntime:
+        from actors.conversation.actor import ConversationActor, ConversationConfig
+        from actors.conversation.host import ToolHostActor
+
+        node = self._node
+        if node is None:
+            raise ValueError("ConversationRuntime.builder() needs .node(node)")
+        if not self._model:
+            raise ValueError("ConversationRuntime.builder() needs .llm(model)")
+        where = self._conversation_node or node
+        name = self._name or f"conversation.{uuid.uuid4().hex[:12]}"
+        facade = ConversationRuntime(node, f"{where.name}/{name}", timeout=self._timeout)
+        host = self._host
+        if host is None:
+            host_node = self._host_node or where
+            host_name = f"{name}.host"
+            host_node.spawn(ToolHostActor, host_name, registry=self._tools or ToolRegistry())
+            facade._owned.append((host_node, host_name))
+            host = f"{host_node.name}/{host_name}"
+        sink_address = facade._sink_address(self._sink)
+        config = ConversationConfig(
+            router=self._router or f"{node.name}/router",
+            model=self._model,
+            host=host,
+            system_prompt=self._system_prompt,
+            session_file=self._session_file,
+            resume=self._resume,
+            compactor=self._compactor,
+            sink=sink_address,
+            session_id=self._session_id,
+            hooks=tuple(self._hooks),
+            max_steps=self._max_steps,
+            user_id=self._user_id,
+            round_timeout=self._round_timeout,
+            reasoning_effort=self._reasoning_effort,
+            operation_ids=self._operation_ids,
+        )
+        where.spawn(ConversationActor, name, config=config)
+        facade._owned.append((where, name))
+        return facade

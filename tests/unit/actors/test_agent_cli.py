@@ -1,0 +1,95 @@
+"""The pieces of ``kbus run``/``kbus chat`` that need no process: tool specs, the system prompt, settings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from actors.agent_cli import DEMO_PROMPT, CliError, _in_process_settings, load_tool, system_prompt
+from actors.builtin_tools import builtin_tools
+from actors.conversation import ToolRegistry
+from config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_load_tool_from_a_module_and_from_a_file(tmp_path: Path) -> None:
+    assert load_tool("os.path:basename")("a/b.txt") == "b.txt"
+    (tmp_path / "extra_tools.py").write_text("def twice(n: int) -> int:\n    return 2 * n\n")
+    assert load_tool(f"{tmp_path / 'extra_tools.py'}:twice")(21) == 42
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nocolon", "expected MODULE:FUNCTION"),
+        (":f", "expected MODULE:FUNCTION"),
+        ("os:not an identifier", "expected MODULE:FUNCTION"),
+        ("no_such_module_kbus:f", "cannot import no_such_module_kbus: ModuleNotFoundError"),
+        ("/nonexistent/tools.py:f", "no such file"),
+        ("os:no_such_function", "has no 'no_such_function'"),
+        ("os:sep", "is not a function"),
+    ],
+)
+def test_load_tool_refuses_bad_specs_in_one_line(spec: str, message: str) -> None:
+    with pytest.raises(CliError, match=message) as caught:
+        load_tool(spec)
+    assert "\n" not in str(caught.value)
+    assert caught.value.code == 2
+
+
+def test_a_tool_module_that_raises_on_import_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(CliError, match="RuntimeError: boom"):
+        load_tool(f"{tmp_path / 'broken.py'}:f")
+
+
+def test_the_system_prompt_lists_every_tool_with_its_call(tmp_path: Path) -> None:
+    registry = ToolRegistry()
+    for fn in builtin_tools(tmp_path):
+        registry.register(fn)
+    prompt = system_prompt(registry.specs())
+    assert 'calculate: Evaluate an arithmetic expression. Call: {"name": "calculate", "arguments": ' in prompt
+    assert '{"expression": "(12 + 30) * 2"}' in prompt  # the example from the parameter's docstring
+    assert '{"name": "read_file", "arguments": {"path": "notes.txt"}}' in prompt
+    assert '{"name": "list_dir", "arguments": {"path": "..."}}' in prompt
+    assert "call_ktool" in prompt
+    assert "tool" not in system_prompt(())
+
+
+def _args(**given: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"config": None, "data_dir": None, "command": "run", **given})
+
+
+def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: Path) -> None:
+    settings = _in_process_settings(_args(data_dir=str(tmp_path)))
+    assert [(a.name, a.type) for a in settings.actors] == [("router", "router")]
+    assert settings.node.data_dir == tmp_path
+    assert settings.node.bind == ()  # in-process: nothing listens
+    assert "smollm2" in settings.extra["models"]
+
+    config = tmp_path / "mine.toml"
+    config.write_text('[node]\nname = "mine"\n[providers.scripted]\nkind = "scripted"\n')
+    settings = _in_process_settings(_args(config=str(config), data_dir=str(tmp_path)))
+    assert settings.node.name == "mine"
+    assert settings.extra["providers"] == {"scripted": {"kind": "scripted"}}
+    assert [a.type for a in settings.actors] == ["router"]
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("[node\n", CliError), ('[node]\nname = "bad name"\n', ConfigError)],
+)
+def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, error: type[Exception]) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    with pytest.raises(error):
+        _in_process_settings(_args(config=str(config)))
+
+
+def test_the_demo_runs_the_prompt_the_real_model_test_covers() -> None:
+    demo = (ROOT / "scripts" / "demo").read_text()
+    assert f"prompt='{DEMO_PROMPT}'" in demo
+    assert ".venv/bin/kbus run" in demo
