@@ -1,19 +1,30 @@
-"""run_session over the real Router (scripted provider) and a HostActor around a RecordingHost (RS-*)."""
+"""run_session over the real Router (scripted provider) and a HostActor around a RecordingHost (RS-*, EV-*).
+
+Every scenario runs in two topologies (the ``topology`` fixture): all in this process, and the session
+loop, the Router and the host each in its own process over ipc (the host stays in this process, so the
+RecordingHost's trace and scripts are at hand; the Router's scripted provider is scripted over its stdin).
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import json
+import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import PEERS, PeerProcess
 
-from actors.inference import InferenceRuntime, PreparedRound, ProviderEndedError
+from actors.inference import PreparedRound, ProviderEndedError
 from actors.nodes import registry
 from actors.router.actor import RouterActor
+from actors.router.providers.base import ChatMessage
 from actors.router.providers.scripted import ScriptedProvider
 from actors.session import (
     HostActor,
@@ -31,8 +42,10 @@ from actors.session import (
     SessionToolOutcome,
     idempotency_key,
     is_session_round_limit,
+    run_session_future,
 )
 from actors.types import ToolCall, ToolCallError
+from transport import Peer
 from transport.errors import BusError
 from transport.messages import Ok
 from transport.node import Node
@@ -62,7 +75,7 @@ def tool(call_id: str, name: str = "t") -> dict[str, Any]:
 class RecordingHost:
     """The application object: every call in one ordered trace, scripted answers."""
 
-    def __init__(self, provider: ScriptedProvider) -> None:
+    def __init__(self, provider: Any) -> None:
         self.provider = provider
         self.trace: list[tuple[Any, ...]] = []
         self.prepare: Callable[[int], Any] = lambda r: RoundPreparation.Run(prepared=prepared())
@@ -117,34 +130,128 @@ class RecordingHost:
         return [e[1] for e in self.trace if e[0] == "prepare_round"]
 
 
-@pytest.fixture
-def node(make_node: Callable[..., Node]) -> Node:
-    return make_node("n1", registry=registry())
+# ------------------------------------------------------------------------------------------ topologies
+
+
+class RemoteScripts:
+    """The scripted provider of a Router in another process (tests/peers/session_peer.py), scripted and read
+    through that process's stdin/stdout: ``add`` and ``turns`` as on ``ScriptedProvider``."""
+
+    def __init__(self, peer: PeerProcess) -> None:
+        self.peer = peer
+        self._lock = threading.Lock()  # the host actor's thread may ask too (RecordingHost.record)
+
+    def _ask(self, line: str, answer: str) -> str:
+        stdin = self.peer.proc.stdin
+        assert stdin is not None
+        with self._lock:
+            stdin.write(line + "\n")
+            stdin.flush()
+            return self.peer.expect_line(answer, timeout=WAIT)
+
+    def add(self, *scripts: Any) -> None:
+        self._ask("ADD " + json.dumps(list(scripts)), "ADDED")
+
+    @property
+    def turns(self) -> list[Any]:
+        rows = json.loads(self._ask("TURNS", "TURNS ")[len("TURNS ") :])
+        return [
+            SimpleNamespace(
+                messages=tuple(ChatMessage(role, content) for role, content in row["messages"]),
+                reasoning_effort=row["reasoning_effort"],
+                tool=SimpleNamespace(name=row["tool"][0], description=row["tool"][1]),
+            )
+            for row in rows
+        ]
+
+
+@dataclass
+class Topology:
+    """Where the parts of a run live: the test's node (it serves the host), the Router, the session loop."""
+
+    name: str
+    node: Node
+    provider: Any  # ScriptedProvider, or RemoteScripts for a Router in another process
+    router: str
+    host_address: str
+    loop_at: str | None = None
+
+    def run_future(self, request: SessionRunRequest, timeout: float = WAIT) -> concurrent.futures.Future[Any]:
+        return run_session_future(
+            self.node, self.router, request, self.host_address, timeout=timeout, loop_at=self.loop_at
+        )
+
+
+@pytest.fixture(params=["inproc", pytest.param("processes", marks=pytest.mark.integration)])
+def topology(
+    request: pytest.FixtureRequest,
+    make_node: Callable[..., Node],
+    ipc_dir: Path,
+    spawn_peer: Callable[..., PeerProcess],
+    tmp_path: Path,
+) -> Topology:
+    """The same scenarios two ways: everything in this process, or the session loop, the Router and the
+    host (this process) each in its own process over ipc."""
+    if request.param == "inproc":
+        node = make_node("n1", registry=registry())
+        provider = ScriptedProvider()
+        node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
+        return Topology("inproc", node, provider, "n1/router", "n1/host")
+    sock = {name: f"ipc://{ipc_dir}/{name}.sock" for name in ("t", "brain", "loop")}
+    node = make_node(
+        "t",
+        registry=registry(),
+        bind=[sock["t"]],
+        peers=[Peer("brain", sock["brain"]), Peer("loop", sock["loop"])],
+    )
+    script = PEERS / "session_peer.py"
+    router = spawn_peer(
+        "--role",
+        "router",
+        "--name",
+        "brain",
+        "--bind",
+        sock["brain"],
+        "--data-dir",
+        str(tmp_path),
+        script=script,
+    )
+    peers = ("--peer", f"brain={sock['brain']}", "--peer", f"t={sock['t']}")
+    spawn_peer("--role", "loop", "--name", "loop", "--bind", sock["loop"], *peers, script=script)
+    for peer in node.peers().values():
+        node.connect(peer, wait=20)
+    return Topology(
+        "processes", node, RemoteScripts(router), "brain/router", "t/host", loop_at="loop/sessions"
+    )
 
 
 @pytest.fixture
-def provider() -> ScriptedProvider:
-    return ScriptedProvider()
+def provider(topology: Topology) -> Any:
+    return topology.provider
 
 
 @pytest.fixture
-def runtime(node: Node, provider: ScriptedProvider, tmp_path: Path) -> InferenceRuntime:
-    node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
-    return InferenceRuntime(node, "n1/router", timeout=WAIT)
-
-
-@pytest.fixture
-def host(node: Node, provider: ScriptedProvider) -> RecordingHost:
-    app = RecordingHost(provider)
-    node.spawn(HostActor, "host", host=app)
+def host(topology: Topology) -> RecordingHost:
+    app = RecordingHost(topology.provider)
+    topology.node.spawn(HostActor, "host", host=app)
     return app
 
 
-def run(runtime: InferenceRuntime, *, rounds_used: int = 0, round_limit: int = 5) -> str | None:
-    request = SessionRunRequest(
-        user_id="u1", operation_id=OP, rounds_used=rounds_used, round_limit=round_limit
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    """A node of its own, for the host actor's tests."""
+    return make_node("n1", registry=registry())
+
+
+def request_of(*, rounds_used: int = 0, round_limit: int = 5, **fields: Any) -> SessionRunRequest:
+    return SessionRunRequest(
+        user_id="u1", operation_id=OP, rounds_used=rounds_used, round_limit=round_limit, **fields
     )
-    return runtime.run_session(request, "n1/host", timeout=WAIT)
+
+
+def run(topology: Topology, *, rounds_used: int = 0, round_limit: int = 5, **fields: Any) -> str | None:
+    request = request_of(rounds_used=rounds_used, round_limit=round_limit, **fields)
+    return topology.run_future(request).result(WAIT + 1)  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -152,11 +259,11 @@ def run(runtime: InferenceRuntime, *, rounds_used: int = 0, round_limit: int = 5
 
 @pytest.mark.parametrize(("used", "limit"), [(0, 0), (6, 5)])
 def test_rs02_rs03_invalid_requests_touch_nothing(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, used: int, limit: int
+    topology: Topology, host: RecordingHost, provider: Any, used: int, limit: int
 ) -> None:
     """RS-02, RS-03: a zero limit or rounds_used > limit → InvalidSessionRequest, empty trace, 0 starts."""
     with pytest.raises(InvalidSessionRequest) as err:
-        run(runtime, rounds_used=used, round_limit=limit)
+        run(topology, rounds_used=used, round_limit=limit)
     assert isinstance(err.value, ValueError)
     assert not is_session_round_limit(err.value)
     assert host.trace == [] and provider.turns == []
@@ -166,25 +273,25 @@ def test_rs02_rs03_invalid_requests_touch_nothing(
 
 
 def test_rs01_rs04_rs27_rounds_are_cumulative_and_one_inference_each(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-01, RS-04, RS-27: rounds_used=7 → prepare_round(8), Continue → (9), Complete("z") → "z"; one
     provider turn per round."""
     controls = iter([SessionControl.Continue(), SessionControl.Complete(answer="z")])
     host.control = lambda: next(controls)
-    assert run(runtime, rounds_used=7, round_limit=20) == "z"
+    assert run(topology, rounds_used=7, round_limit=20) == "z"
     assert host.rounds() == [8, 9]
     assert len(provider.turns) == 2
     assert [e.round for e in host.events(SessionEvent.ProviderReceipt)] == [8, 9]
 
 
 def test_rs05_round_limit_before_prepare_round(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-05 (RT-13): rounds_used=3, limit=5, always Continue → rounds 4, 5, then SessionRoundLimitError."""
     host.control = lambda: SessionControl.Continue()
     with pytest.raises(SessionRoundLimitError) as err:
-        run(runtime, rounds_used=3, round_limit=5)
+        run(topology, rounds_used=3, round_limit=5)
     assert err.value.limit == 5
     assert is_session_round_limit(err.value)
     wrapped = RuntimeError("outer")
@@ -195,30 +302,30 @@ def test_rs05_round_limit_before_prepare_round(
     assert len(provider.turns) == 2
 
 
-def test_rs05_exhausted_at_once(runtime: InferenceRuntime, host: RecordingHost) -> None:
+def test_rs05_exhausted_at_once(topology: Topology, host: RecordingHost) -> None:
     """RS-05: rounds_used == round_limit raises at once with 0 host calls."""
     with pytest.raises(SessionRoundLimitError):
-        run(runtime, rounds_used=5, round_limit=5)
+        run(topology, rounds_used=5, round_limit=5)
     assert host.trace == []
 
 
 @pytest.mark.parametrize("answer", ["done", None])
 def test_rs06_complete_at_prepare_round(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, answer: str | None
+    topology: Topology, host: RecordingHost, provider: Any, answer: str | None
 ) -> None:
     """RS-06: prepare_round → Complete(answer) returns answer with no provider call."""
     host.prepare = lambda r: RoundPreparation.Complete(answer=answer)
-    assert run(runtime) == answer
+    assert run(topology) == answer
     assert provider.turns == []
     assert host.names() == ["prepare_round"]
 
 
 def test_rs07_ev08_inference_submitted_before_the_handle_starts(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-07, EV-08: InferenceSubmitted(round, sha256(input), model) is recorded before the Router start."""
     host.prepare = lambda r: RoundPreparation.Run(prepared=prepared(input="abc"))
-    assert run(runtime) == "final"
+    assert run(topology) == "final"
     (submitted,) = host.events(SessionEvent.InferenceSubmitted)
     assert submitted.manifest_hash == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert submitted.manifest_hash == hashlib.sha256(b"abc").hexdigest()
@@ -229,21 +336,21 @@ def test_rs07_ev08_inference_submitted_before_the_handle_starts(
 
 
 def test_rs07_failing_submit_record_starts_nothing(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-07, RS-35: if recording InferenceSubmitted fails, 0 router starts and the error propagates."""
     host.fail_on = "record"
     with pytest.raises(SessionHostError):
-        run(runtime)
+        run(topology)
     assert provider.turns == []
 
 
 def test_rs10_rs23_ev07_events_in_order_and_receipt_once(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-10, RS-22, RS-23, EV-07: IS (PI|UU)* PR, all with the round; receipt before complete_round."""
     provider.add([{"usage": {"input_tokens": 1, "output_tokens": 1}}, {"text": "body"}])
-    assert run(runtime) == "final"
+    assert run(topology) == "final"
     names = host.names()
     assert names[0] == "prepare_round" and names[1] == "InferenceSubmitted"
     assert names[-2:] == ["ProviderReceipt", "complete_round"]
@@ -259,7 +366,7 @@ def test_rs10_rs23_ev07_events_in_order_and_receipt_once(
 
 
 def test_rs11_rs13_rs14_rs22_tool_round_continue(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-11, RS-13, RS-14, RS-22, RS-36: valid and invalid calls go to execute_tool; the amended outcome
     is sent; flags OR'd into the RoundCompletion."""
@@ -277,7 +384,7 @@ def test_rs11_rs13_rs14_rs22_tool_round_continue(
         ]
     )
     host.resume = lambda o: ProviderResume.Continue(outcome=next(amended))
-    assert run(runtime) == "final"
+    assert run(topology) == "final"
     calls = [e for e in host.trace if e[0] == "execute_tool"]
     assert isinstance(calls[0][1], ToolCall) and isinstance(calls[1][1], ToolCallError)
     names = host.names()
@@ -291,41 +398,37 @@ def test_rs11_rs13_rs14_rs22_tool_round_continue(
 
 
 def test_rs12_host_tool_error_aborts_after_accounting(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-12, RS-35: execute_tool raises X → run raises X after 1 interrupted ProviderReceipt."""
     provider.add([tool("c1"), {"text": "never"}])
     host.fail_on = "execute_tool"
     with pytest.raises(SessionHostError, match="execute_tool failed"):
-        run(runtime)
+        run(topology)
     (receipt,) = host.events(SessionEvent.ProviderReceipt)
     assert receipt.usage is None and receipt.continuation is None
     assert "complete_round" not in host.names()
 
 
-def test_rs15_complete_at_the_resume_boundary(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
-) -> None:
+def test_rs15_complete_at_the_resume_boundary(topology: Topology, host: RecordingHost, provider: Any) -> None:
     """RS-15, RS-25: Complete(answer) at prepare_provider_resume → no respond, the interrupted call
     accounted once, answer returned; stop on the original outcome is overridden."""
     provider.add([tool("c1"), {"text": "never"}])
     host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True)
     host.resume = lambda o: ProviderResume.Complete(answer="early")
-    assert run(runtime) == "early"
+    assert run(topology) == "early"
     assert host.names()[-2:] == ["resume", "ProviderReceipt"]
     assert len(host.events(SessionEvent.ProviderReceipt)) == 1
     assert host.rounds() == [1]
 
 
-def test_rs16_rs19_restart_fresh(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
-) -> None:
+def test_rs16_rs19_restart_fresh(topology: Topology, host: RecordingHost, provider: Any) -> None:
     """RS-16, RS-26: RestartFresh → no respond, no complete_round for that round, the receipt
     recorded once, round r+1 prepared, the outcome's capture/stop not kept."""
     provider.add([tool("c1"), {"text": "never"}], [{"text": "second"}])
     host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True, capture={"t": 1})
     host.resume = lambda o: ProviderResume.RestartFresh()
-    assert run(runtime) == "final"
+    assert run(topology) == "final"
     assert host.rounds() == [1, 2]
     receipts = host.events(SessionEvent.ProviderReceipt)
     assert [r.round for r in receipts] == [1, 2]
@@ -343,7 +446,7 @@ def test_rs16_rs19_restart_fresh(
 
 
 def test_rs21_capture_goes_to_complete_capture(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-21: a Continue outcome with capture → complete_capture(capture, answer), no complete_round."""
     provider.add([tool("c1"), {"text": "body"}])
@@ -351,43 +454,41 @@ def test_rs21_capture_goes_to_complete_capture(
         outcome=SessionToolOutcome(text="t", ok=True, capture={"t": 1})
     )
     host.control = lambda: SessionControl.Complete(answer="captured")
-    assert run(runtime) == "captured"
+    assert run(topology) == "captured"
     assert ("complete_capture", {"t": 1}, "body") in host.trace
     assert "complete_round" not in host.names()
     assert host.names().index("ProviderReceipt") < host.names().index("complete_capture")
 
 
-def test_rs24_stop_after_resumed_response(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
-) -> None:
+def test_rs24_stop_after_resumed_response(topology: Topology, host: RecordingHost, provider: Any) -> None:
     """RS-24: Continue(o2 with stop=True) → respond, then accounted; result None, no completion callback."""
     provider.add([tool("c1"), {"text": "never"}])
     host.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True)
-    assert run(runtime) is None
+    assert run(topology) is None
     names = host.names()
     assert "complete_round" not in names and "complete_capture" not in names
     assert len(host.events(SessionEvent.ProviderReceipt)) == 1
 
 
 def test_rs31_provider_end_accounts_and_raises(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
     """RS-31: the stream closes without an answer → 1 receipt, ProviderEndedError."""
     provider.add([{"close": True}])
     with pytest.raises(ProviderEndedError):
-        run(runtime)
+        run(topology)
     assert len(host.events(SessionEvent.ProviderReceipt)) == 1
 
 
 @pytest.mark.parametrize("method", ["prepare_round", "resume", "complete_round"])
 def test_rs35_host_errors_abort_the_run(
-    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, method: str
+    topology: Topology, host: RecordingHost, provider: Any, method: str
 ) -> None:
     """RS-32, RS-35: a host method raising aborts with that error; receipts == handles started."""
     provider.add([tool("c1"), {"text": "x"}])
     host.fail_on = method
     with pytest.raises(SessionHostError, match=f"{method} failed"):
-        run(runtime)
+        run(topology)
     assert len(host.events(SessionEvent.ProviderReceipt)) == len(provider.turns)
     assert len(host.rounds()) == 1
 
@@ -395,9 +496,9 @@ def test_rs35_host_errors_abort_the_run(
 # ---------------------------------------------------------------------------------------- host actor
 
 
-def test_host_actor_idempotent_execute_tool(node: Node, provider: ScriptedProvider) -> None:
+def test_host_actor_idempotent_execute_tool(node: Node) -> None:
     """Idempotent tool effects: the same key twice → the tool runs once and both get its outcome."""
-    app = RecordingHost(provider)
+    app = RecordingHost(ScriptedProvider())
     runs: list[Any] = []
 
     def effect(call: Any) -> SessionToolOutcome:
@@ -423,10 +524,10 @@ def test_host_actor_idempotent_execute_tool(node: Node, provider: ScriptedProvid
     assert node.request("n1/host", other, timeout=WAIT) == SessionToolOutcome.success("ran 2")
 
 
-def test_host_actor_future_keeps_record_flowing(node: Node, provider: ScriptedProvider) -> None:
+def test_host_actor_future_keeps_record_flowing(node: Node) -> None:
     """HostFuture: a tool returning a Future is answered later; record is served meanwhile; a duplicate
     key waits for the same run."""
-    app = RecordingHost(provider)
+    app = RecordingHost(ScriptedProvider())
     pending: concurrent.futures.Future[Any] = concurrent.futures.Future()
     runs: list[Any] = []
 
@@ -452,9 +553,9 @@ def test_host_actor_future_keeps_record_flowing(node: Node, provider: ScriptedPr
     assert len(runs) == 1
 
 
-def test_host_actor_future_error_is_the_hosts(node: Node, provider: ScriptedProvider) -> None:
+def test_host_actor_future_error_is_the_hosts(node: Node) -> None:
     """A host future failing with a BusError reaches the caller as that error."""
-    app = RecordingHost(provider)
+    app = RecordingHost(ScriptedProvider())
     failing: concurrent.futures.Future[Any] = concurrent.futures.Future()
     app.prepare = lambda r: failing
     node.spawn(HostActor, "host", host=app)
