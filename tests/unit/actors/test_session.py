@@ -8,8 +8,12 @@ RecordingHost's trace and scripts are at hand; the Router's scripted provider is
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
+import queue
+import random
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -24,6 +28,7 @@ from conftest import PEERS, PeerProcess
 from actors.inference import PreparedRound, ProviderEndedError
 from actors.nodes import registry
 from actors.router.actor import RouterActor
+from actors.router.messages import ResolveModel
 from actors.router.providers.base import ChatMessage
 from actors.router.providers.scripted import ScriptedProvider
 from actors.session import (
@@ -46,8 +51,8 @@ from actors.session import (
 )
 from actors.types import ToolCall, ToolCallError
 from transport import Peer
-from transport.errors import BusError
-from transport.messages import Ok
+from transport.errors import BusError, Expired
+from transport.messages import Ok, Ping
 from transport.node import Node
 
 OP = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
@@ -84,21 +89,39 @@ class RecordingHost:
         self.control: Callable[[], Any] = lambda: SessionControl.Complete(answer="final")
         self.starts_at_submit: list[int] = []
         self.fail_on: str | None = None
+        self.fail_record_of: type[Any] | None = None  # fail the first record of this event class
+        self.record_with: Callable[[Any], Any] = lambda event: None  # what record returns (a Future?)
+        self.seen: queue.SimpleQueue[str] = queue.SimpleQueue()  # every call's name, as it starts
 
     def _check(self, name: str) -> None:
+        entry = self.trace[-1]
+        self.seen.put(entry[0] if entry[0] != "record" else type(entry[1]).__name__)
         if self.fail_on == name:
             raise SessionHostError(f"{name} failed")
+
+    def wait_for(self, name: str) -> None:
+        """Block (bounded) until a call named ``name`` started (host method, or a record's event class)."""
+        while True:
+            try:
+                if self.seen.get(timeout=WAIT) == name:
+                    return
+            except queue.Empty:
+                raise AssertionError(f"no {name} within {WAIT}s; trace {self.names()}") from None
 
     def prepare_round(self, round: int) -> Any:
         self.trace.append(("prepare_round", round))
         self._check("prepare_round")
         return self.prepare(round)
 
-    def record(self, event: Any) -> None:
+    def record(self, event: Any) -> Any:
         if isinstance(event, SessionEvent.InferenceSubmitted):
             self.starts_at_submit.append(len(self.provider.turns))
         self.trace.append(("record", event))
         self._check("record")
+        if self.fail_record_of is not None and isinstance(event, self.fail_record_of):
+            self.fail_record_of = None
+            raise SessionHostError("record failed")
+        return self.record_with(event)
 
     def execute_tool(self, call: ToolCall | ToolCallError, provider_operation_id: uuid.UUID) -> Any:
         self.trace.append(("execute_tool", call, provider_operation_id))
@@ -112,6 +135,7 @@ class RecordingHost:
 
     def complete_capture(self, capture: Any, contents: str) -> Any:
         self.trace.append(("complete_capture", capture, contents))
+        self._check("complete_capture")
         return self.control()
 
     def complete_round(self, completion: RoundCompletion) -> Any:
@@ -480,17 +504,326 @@ def test_rs31_provider_end_accounts_and_raises(
     assert len(host.events(SessionEvent.ProviderReceipt)) == 1
 
 
-@pytest.mark.parametrize("method", ["prepare_round", "resume", "complete_round"])
-def test_rs35_host_errors_abort_the_run(
-    topology: Topology, host: RecordingHost, provider: Any, method: str
+def test_rs32_resume_preparation_error_accounts_and_raises_it(
+    topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
-    """RS-32, RS-35: a host method raising aborts with that error; receipts == handles started."""
-    provider.add([tool("c1"), {"text": "x"}])
-    host.fail_on = method
+    """RS-32: prepare_provider_resume raises → finish_unavailable, 1 interrupted receipt, the same error;
+    the provider got no response (it never continued past the call)."""
+    provider.add([tool("c1"), {"text": "never"}])
+    host.fail_on = "resume"
+    with pytest.raises(SessionHostError, match="resume failed"):
+        run(topology)
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted" and receipt.usage is None
+    assert host.names()[-2:] == ["resume", "ProviderReceipt"]
+    # No tool result reached the provider: its one turn holds no second submission.
+    assert len(provider.turns) == 1 and len(host.events(SessionEvent.ProviderInput)) == 1
+
+
+FAULTS = [
+    ("prepare_round", None),
+    ("record", SessionEvent.InferenceSubmitted),
+    ("record", SessionEvent.ProviderInput),
+    ("record", SessionEvent.UsageUpdated),
+    ("record", SessionEvent.ProviderReceipt),
+    ("execute_tool", None),
+    ("resume", None),
+    ("complete_capture", None),
+    ("complete_round", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "event"), FAULTS, ids=[m if e is None else f"record-{e.__name__}" for m, e in FAULTS]
+)
+def test_rs35_every_host_method_fault_aborts_the_run(
+    topology: Topology, host: RecordingHost, provider: Any, method: str, event: type[Any] | None
+) -> None:
+    """RS-35, EV-09: a fault at each SessionHost method (and at record mid-stream, per event kind) aborts the
+    run with that error, after accounting for an active handle: the receipts handed to record equal the
+    provider turns the Router ran, each once, and no further round is selected."""
+    provider.add([{"usage": {"input_tokens": 3, "output_tokens": 1}}, tool("c1"), {"text": "body"}])
+    if method == "complete_capture":
+        host.resume = lambda o: ProviderResume.Continue(
+            outcome=SessionToolOutcome(text="t", ok=True, capture={"t": 1})
+        )
+    if event is None:
+        host.fail_on = method
+    else:
+        host.fail_record_of = event
     with pytest.raises(SessionHostError, match=f"{method} failed"):
         run(topology)
-    assert len(host.events(SessionEvent.ProviderReceipt)) == len(provider.turns)
-    assert len(host.rounds()) == 1
+    receipts = host.events(SessionEvent.ProviderReceipt)
+    assert len(receipts) == len(provider.turns)
+    assert len({r.receipt.receipt_id for r in receipts}) == len(receipts)
+    assert host.rounds() == [1]
+    if event is SessionEvent.InferenceSubmitted or method == "prepare_round":
+        assert provider.turns == []
+    else:
+        assert len(provider.turns) == 1
+    names = host.names()
+    assert "complete_round" not in names[: -1 if method == "complete_round" else None]
+    # The failing call is the last one, except the interrupted turn's receipt recorded after it.
+    last = names[-1] if names[-1] != "ProviderReceipt" or event is SessionEvent.ProviderReceipt else names[-2]
+    assert last == (method if event is None else event.__name__)
+
+
+# ---------------------------------------------------------------------------------- RS-08/09/19/37
+
+
+def test_rs08_the_handle_starts_with_prepared_unchanged(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """RS-08: the provider gets provider_input, reasoning effort and tool description exactly as the host
+    prepared them (model "scripted"); the timeout is passed too (a generous one changes nothing)."""
+    host.prepare = lambda r: RoundPreparation.Run(
+        prepared=prepared(
+            provider_input="Δ delta ✓", reasoning_effort="high", tool_description="ktool ✓", timeout=30.0
+        )
+    )
+    assert run(topology) == "final"
+    (turn,) = provider.turns
+    assert [(m.role, m.content) for m in turn.messages] == [("user", "Δ delta ✓")]
+    assert turn.reasoning_effort == "high"
+    assert (turn.tool.name, turn.tool.description) == ("call_ktool", "ktool ✓")
+
+
+def test_rs09_inconsistent_inputs_are_neither_checked_nor_repaired(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """RS-09: continuation=None with provider_input != input → the provider gets provider_input verbatim
+    and nothing complains; the audit identity is still sha256(input)."""
+    host.prepare = lambda r: RoundPreparation.Run(
+        prepared=prepared(input="the whole projection", provider_input="only a delta", continuation=None)
+    )
+    assert run(topology) == "final"
+    (turn,) = provider.turns
+    assert [m.content for m in turn.messages] == ["only a delta"]
+    (submitted,) = host.events(SessionEvent.InferenceSubmitted)
+    assert submitted.manifest_hash == hashlib.sha256(b"the whole projection").hexdigest()
+
+
+def history(turn: Any) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in turn.messages]
+
+
+def test_rs19_after_restart_fresh_a_none_continuation_starts_a_fresh_thread(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """RS-19: round 1 completes with a continuation; round 2 continues it and ends in RestartFresh; round 3's
+    prepare_round returns continuation=None → the provider starts a fresh thread (only round 3's input),
+    never the earlier continuation reused by the runtime."""
+    provider.add([{"text": "one"}], [tool("c1"), {"text": "never"}], [{"text": "three"}])
+
+    def prepare(r: int) -> Any:
+        kept = host.events(SessionEvent.ProviderReceipt)
+        continuation = kept[0].continuation if r == 2 else None
+        return RoundPreparation.Run(prepared=prepared(provider_input=f"in{r}", continuation=continuation))
+
+    controls = iter([SessionControl.Continue(), SessionControl.Complete(answer="done")])
+    host.prepare = prepare
+    host.control = lambda: next(controls)
+    host.resume = lambda o: ProviderResume.RestartFresh()
+    assert run(topology) == "done"
+    first, second, third = provider.turns
+    assert history(first) == [("user", "in1")]
+    assert history(second) == [("user", "in1"), ("assistant", "one"), ("user", "in2")]  # the host's choice
+    assert history(third) == [("user", "in3")]  # fresh: nothing of rounds 1 and 2
+    receipts = host.events(SessionEvent.ProviderReceipt)
+    assert [r.round for r in receipts] == [1, 2, 3]
+    assert receipts[0].continuation is not None and receipts[1].continuation is None  # 2 was interrupted
+
+
+def test_rs37_between_rounds_only_the_round_number_is_kept(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """RS-37: round 1's Completed carries continuation X (the host gets it in ProviderReceipt); a host
+    returning None for round 2 gets a fresh thread; returning X for round 3 gets X's conversation."""
+    provider.add([{"text": "one"}], [{"text": "two"}], [{"text": "three"}])
+
+    def prepare(r: int) -> Any:
+        kept = host.events(SessionEvent.ProviderReceipt)
+        continuation = kept[0].continuation if r == 3 else None
+        return RoundPreparation.Run(prepared=prepared(provider_input=f"in{r}", continuation=continuation))
+
+    controls = iter(
+        [SessionControl.Continue(), SessionControl.Continue(), SessionControl.Complete(answer="z")]
+    )
+    host.prepare = prepare
+    host.control = lambda: next(controls)
+    assert run(topology) == "z"
+    _, second, third = provider.turns
+    assert history(second) == [("user", "in2")]
+    assert history(third) == [("user", "in1"), ("assistant", "one"), ("user", "in3")]
+    assert host.events(SessionEvent.ProviderReceipt)[0].continuation is not None
+
+
+# ------------------------------------------------------------------------------------- RS-28 / EV-07
+
+
+def random_session(rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
+    """A random host script: per round, a provider script and the host's resume and control choices."""
+    scripts: list[Any] = []
+    plan: dict[str, Any] = {"resumes": [], "controls": [], "complete_at": rng.choice([None, 2, 4, 6])}
+    for _ in range(8):
+        steps: list[Any] = []
+        if rng.random() < 0.5:
+            steps.append({"usage": {"input_tokens": rng.randint(1, 9), "output_tokens": 1}})
+        for n in range(rng.randint(0, 2)):
+            steps.append(tool(f"c{n}"))
+        steps.append({"text": "answer"})
+        scripts.append(steps)
+    for _ in range(20):
+        plan["resumes"].append(rng.choice(["continue", "continue", "restart", "complete", "stop"]))
+        plan["controls"].append(rng.choice(["continue", "continue", "complete"]))
+    return scripts, plan
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rs28_ev07_rounds_are_affine_under_a_random_host(
+    topology: Topology, host: RecordingHost, provider: Any, seed: int
+) -> None:
+    """RS-28, EV-07: under a randomized host script, prepare_round arguments increase by exactly 1, each
+    round has at most one InferenceSubmitted and at most one ProviderReceipt, and each round's events match
+    ``IS (PI|UU)* PR?`` with that round's number."""
+    scripts, plan = random_session(random.Random(seed))
+    provider.add(*scripts)
+    resumes, controls = iter(plan["resumes"]), iter(plan["controls"])
+
+    def resume(o: SessionToolOutcome) -> Any:
+        match next(resumes):
+            case "restart":
+                return ProviderResume.RestartFresh()
+            case "complete":
+                return ProviderResume.Complete(answer="early")
+            case "stop":
+                return ProviderResume.Continue(outcome=SessionToolOutcome(text="s", ok=True, stop=True))
+        return ProviderResume.Continue(outcome=o)
+
+    host.resume = resume
+    host.control = lambda: (
+        SessionControl.Continue() if next(controls) == "continue" else SessionControl.Complete(answer="z")
+    )
+    complete_at = plan["complete_at"]
+    host.prepare = lambda r: (
+        RoundPreparation.Complete(answer="prepared")
+        if r == complete_at
+        else RoundPreparation.Run(prepared=prepared(provider_input=f"in{r}"))
+    )
+    with contextlib.suppress(SessionRoundLimitError):
+        run(topology, rounds_used=2, round_limit=9)
+    rounds = host.rounds()
+    assert rounds == list(range(3, 3 + len(rounds)))
+    letters = {"InferenceSubmitted": "S", "ProviderInput": "I", "UsageUpdated": "U", "ProviderReceipt": "R"}
+    for r in rounds:
+        events = [e[1] for e in host.trace if e[0] == "record" and e[1].round == r]
+        word = "".join(letters[type(e).__name__] for e in events)
+        assert re.fullmatch(r"(S[IU]*R?)?", word), (r, word)
+    receipts = [e.receipt.receipt_id for e in host.events(SessionEvent.ProviderReceipt)]
+    assert len(receipts) == len(set(receipts)) == len(provider.turns)
+
+
+# ------------------------------------------------------------------------------------------------ EV-10
+
+
+def test_ev10_recording_is_awaited(topology: Topology, host: RecordingHost, provider: Any) -> None:
+    """EV-10: every record is a Future the test resolves by hand; while one is unresolved no other host
+    call starts and (for InferenceSubmitted) no provider turn starts, even after a round trip through the
+    host's and the Router's mailboxes."""
+    provider.add([{"usage": {"input_tokens": 1, "output_tokens": 1}}, tool("c1"), {"text": "body"}])
+    pending: queue.SimpleQueue[concurrent.futures.Future[Any]] = queue.SimpleQueue()
+
+    def gate(event: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        pending.put(future)
+        return future
+
+    host.record_with = gate
+    result = topology.run_future(request_of())
+    expected = ["InferenceSubmitted", "ProviderInput", "UsageUpdated", "ProviderInput", "ProviderReceipt"]
+    for records in range(len(expected)):
+        future = pending.get(timeout=WAIT)
+        length, turns = len(host.trace), len(provider.turns)
+        # Round trips through the host's mailbox and the Router's: anything the loop sent meanwhile is in.
+        topology.node.request(topology.host_address, Ping(nonce=records), timeout=WAIT)
+        topology.node.request(topology.router, ResolveModel(requested="scripted"), timeout=WAIT)
+        assert len(host.trace) == length and host.trace[-1][0] == "record"
+        assert len(provider.turns) == turns
+        future.set_result(None)
+    assert result.result(WAIT) == "final"
+    assert [type(e).__name__ for e in host.events(object)] == expected
+
+
+# ------------------------------------------------------------------------------ cancel (run_session_future)
+
+
+def test_cancelling_the_future_mid_stream_interrupts_the_turn_once(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """Cancelling run_session_future while the provider streams (it hangs) ends the run: the open turn is
+    accounted for as interrupted and its receipt recorded exactly once; no further host call follows."""
+    provider.add([{"hang": True}])
+    future = topology.run_future(request_of())
+    host.wait_for("ProviderInput")
+    assert future.cancel()
+    host.wait_for("ProviderReceipt")
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted" and receipt.round == 1
+    barrier(topology)
+    assert host.names() == ["prepare_round", "InferenceSubmitted", "ProviderInput", "ProviderReceipt"]
+
+
+def test_cancelling_the_future_during_a_tool_ends_at_the_next_step(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """A cancel while a tool runs takes effect when the tool's outcome is in: no resume decision, no
+    response; the interrupted turn's receipt is recorded once."""
+    provider.add([tool("c1"), {"text": "never"}])
+    outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    host.tool = lambda call: outcome
+    future = topology.run_future(request_of())
+    host.wait_for("execute_tool")
+    assert future.cancel()
+    barrier(topology)  # the cancel reached the loop (ordered before this round trip's reply)
+    outcome.set_result(SessionToolOutcome.success("done"))
+    host.wait_for("ProviderReceipt")
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted"
+    barrier(topology)
+    assert "resume" not in host.names() and host.names()[-1] == "ProviderReceipt"
+
+
+def barrier(topology: Topology) -> None:
+    """A round trip through the host's mailbox: the loop's calls sent before it are in the trace."""
+    topology.node.request(topology.host_address, Ping(nonce=0), timeout=WAIT)
+
+
+# ----------------------------------------------------------------------------------- call_timeout
+
+
+def test_an_expired_host_call_ends_the_run_after_accounting_once(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """SessionRunRequest.call_timeout bounds each host call: a tool that never answers (its Future is never
+    resolved) ends the run with Expired; the open turn is accounted for and its receipt recorded once."""
+    provider.add([tool("c1"), {"text": "never"}])
+    never: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    host.tool = lambda call: never
+    with pytest.raises(Expired):
+        run(topology, call_timeout=0.5)
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted"
+    assert host.names()[-2:] == ["execute_tool", "ProviderReceipt"]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+def test_a_non_positive_call_timeout_is_an_invalid_request(
+    topology: Topology, host: RecordingHost, bad: float
+) -> None:
+    """A call_timeout that is not positive is refused before any host call, like RS-02."""
+    with pytest.raises(InvalidSessionRequest):
+        run(topology, call_timeout=bad)
+    assert host.trace == []
 
 
 # ---------------------------------------------------------------------------------------- host actor
