@@ -958,9 +958,10 @@ def run_session(
     host_address: str,
     *,
     timeout: float | None = None,
+    loop_at: str | None = None,
 ) -> str | None:
     forbid_blocking("run_session")
-    future = run_session_future(node, router_address, request, host_address, timeout=timeout)
+    future = run_session_future(node, router_address, request, host_address, timeout=timeout, loop_at=loop_at)
     return future.result(None if timeout is None else timeout + 1.0)  # type: ignore[no-any-return]
 
 

@@ -39,9 +39,11 @@ from actors.session import (
     ProviderResume,
     RoundCompletion,
     RoundPreparation,
+    RunSession,
     SessionControl,
     SessionEvent,
     SessionHostError,
+    SessionLoopService,
     SessionRoundLimitError,
     SessionRunRequest,
     SessionToolOutcome,
@@ -52,7 +54,7 @@ from actors.session import (
 from actors.types import ToolCall, ToolCallError
 from transport import Peer
 from transport.errors import BusError, Expired
-from transport.messages import Ok, Ping
+from transport.messages import Ok, Ping, Pong
 from transport.node import Node
 
 OP = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
@@ -899,3 +901,13 @@ def test_host_actor_future_error_is_the_hosts(node: Node) -> None:
     with pytest.raises(BusError) as err:
         answer.result(WAIT)
     assert isinstance(err.value, SessionHostError)
+
+
+def test_the_loop_service_refuses_a_bad_loop_name_and_keeps_serving(node: Node) -> None:
+    """SessionLoopService: a loop name outside ``session.*`` is a typed InvalidSessionRequest, and the
+    service still answers the next request."""
+    node.spawn(SessionLoopService, "sessions")
+    bad = RunSession(request=request_of(), host="n1/host", router="n1/router", loop="router")
+    with pytest.raises(InvalidSessionRequest):
+        node.request("n1/sessions", bad, timeout=WAIT)
+    assert isinstance(node.request("n1/sessions", Ping(nonce=1), timeout=WAIT), Pong)
