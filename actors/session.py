@@ -49,7 +49,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError
+from transport.errors import BusError, Expired
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
@@ -912,7 +912,8 @@ def run_session_future(
     node, default ``node``), or, given ``loop_at``, in the process of that ``SessionLoopService``.
 
     Cancelling the returned future sends the loop ``CancelSession``: the run ends at its next step
-    boundary, with an open provider turn accounted for as interrupted (its receipt recorded once)."""
+    boundary, with an open provider turn accounted for as interrupted (its receipt recorded once). So does
+    the run's own ``timeout`` running out (the caller then gets ``Expired``)."""
     name = f"session.{uuid.uuid4().hex}"
     if loop_at is not None:
         loop_address = f"{loop_at.partition('/')[0]}/{name}"
@@ -932,6 +933,8 @@ def run_session_future(
         if not outer.set_running_or_notify_cancel():
             return  # cancelled by the caller: the loop was told (below); its late answer is dropped
         error = fut.exception()
+        if isinstance(error, Expired):
+            tell_cancel()  # nobody waits for the run any more: end it at its next step boundary
         if error is not None:
             if isinstance(error, BusError) and "accounting_error" in error.details:
                 error.add_note(str(error.details["accounting_error"]))  # RS-34, rebuilt from the wire
@@ -939,12 +942,15 @@ def run_session_future(
         else:
             outer.set_result(fut.result().answer)
 
+    def tell_cancel() -> None:
+        try:
+            node.tell(loop_address, CancelSession())
+        except BusError as exc:  # the loop is gone or unreachable: nothing left to stop
+            log.info("cancelling %s: %r", loop_address, exc)
+
     def cancelled(fut: concurrent.futures.Future[Any]) -> None:
         if fut.cancelled():
-            try:
-                node.tell(loop_address, CancelSession())
-            except BusError as exc:  # the loop is gone or unreachable: nothing left to stop
-                log.info("cancelling %s: %r", loop_address, exc)
+            tell_cancel()
 
     outer.add_done_callback(cancelled)
     inner.add_done_callback(done)

@@ -818,6 +818,34 @@ def test_an_expired_host_call_ends_the_run_after_accounting_once(
     assert host.names()[-2:] == ["execute_tool", "ProviderReceipt"]
 
 
+def test_an_expired_handle_call_ends_the_run_after_accounting_once(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """call_timeout bounds the handle calls too: a provider that hangs (no next event) ends the run with
+    Expired; the turn is accounted for at the Router as interrupted and its receipt recorded once."""
+    provider.add([{"hang": True}])
+    with pytest.raises(Expired):
+        run(topology, call_timeout=0.5)
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted"
+    assert host.names() == ["prepare_round", "InferenceSubmitted", "ProviderInput", "ProviderReceipt"]
+
+
+def test_the_runs_own_deadline_running_out_stops_the_loop(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """When the caller's timeout for the whole run runs out, the caller gets Expired and the loop is told
+    to stop: the open turn is accounted for and its receipt recorded once; nothing runs after it."""
+    provider.add([{"hang": True}])
+    with pytest.raises(Expired):
+        topology.run_future(request_of(), timeout=1.0).result(WAIT)
+    host.wait_for("ProviderReceipt")
+    (receipt,) = host.events(SessionEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted"
+    barrier(topology)
+    assert host.names() == ["prepare_round", "InferenceSubmitted", "ProviderInput", "ProviderReceipt"]
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
 def test_a_non_positive_call_timeout_is_an_invalid_request(
     topology: Topology, host: RecordingHost, bad: float
