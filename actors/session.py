@@ -9,6 +9,12 @@ an inference-handle actor per provider round (RS-01) and to a ``HostActor`` that
 answered when the future resolves, so ``record`` traffic keeps flowing while a long tool runs. Tool effects
 are idempotent per key (operation id, round, call id): a repeated ``HostExecuteTool`` gets the stored outcome
 without running the tool again.
+
+A run can live in another process than its caller: a ``SessionLoopService`` there spawns the loop
+(``run_session_future(..., loop_at=...)``). Every host and handle call is bounded by the run's
+``SessionRunRequest.call_timeout``. Cancelling the caller's future (or the run's own deadline running out)
+sends the loop ``CancelSession``: it stops at its next step boundary, accounting for an open provider turn
+as interrupted and recording its receipt once.
 """
 
 from __future__ import annotations
