@@ -457,9 +457,11 @@ class SessionResult:
 class CancelSession:
     """A control (answered at once, even mid-step): end the run at its next step boundary. An open
     provider turn is accounted for as interrupted and its receipt recorded once; the run then fails with
-    ``SessionCancelled``. A provider stream being read is interrupted at once."""
+    ``SessionCancelled``. A provider stream being read is interrupted at once. Sent to a
+    ``SessionLoopService`` with ``loop`` set, it is passed on to that loop."""
 
     TAG: ClassVar[str] = "rs.cancel"
+    loop: str = ""
 
 
 def _note(error: BaseException, accounting: BaseException) -> BaseException:
@@ -883,6 +885,11 @@ class SessionLoopService(BusActor):
     The loop is spawned under ``RunSession.loop`` when given, so the caller can send it ``CancelSession``."""
 
     def handle(self, message: Any, ctx: Context) -> Any:
+        if isinstance(message, CancelSession):
+            # After the RunSession it cancels (one ordered stream from the caller): the loop exists.
+            if message.loop.startswith("session.") and "/" not in message.loop:
+                self.tell_to(f"{self.node.name}/{message.loop}", CancelSession())
+            return None
         if not isinstance(message, RunSession):
             raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
         name = message.loop or f"session.{uuid.uuid4().hex}"
@@ -950,7 +957,13 @@ def run_session_future(
 
     def tell_cancel() -> None:
         try:
-            node.tell(loop_address, CancelSession())
+            if loop_at is not None:
+                # Through the service, on the node's own ordered stream (the one the RunSession took), so
+                # the cancel can never overtake the run and reach a loop not spawned yet.
+                src = node.client_address(via_node=True)
+                node.tell(loop_at, CancelSession(loop=name), src=src)
+            else:
+                node.tell(loop_address, CancelSession())
         except BusError as exc:  # the loop is gone or unreachable: nothing left to stop
             log.info("cancelling %s: %r", loop_address, exc)
 
