@@ -807,17 +807,23 @@ class InferenceRuntime:
         return outer
 
     def run_session_future(
-        self, request: Any, host: str, *, timeout: float | None = None
+        self, request: Any, host: str, *, timeout: float | None = None, loop_at: str | None = None
     ) -> concurrent.futures.Future[Any]:
-        """The primary-session loop (actors/session.py) against the host actor at ``host``."""
+        """The primary-session loop (actors/session.py) against the host actor at ``host``; the loop runs
+        on this node, or in the process of the ``SessionLoopService`` at ``loop_at``. Cancelling the future
+        ends the run at its next step boundary (the open turn accounted for, its receipt recorded once)."""
         from actors.session import run_session_future
 
-        return run_session_future(self.node, self.router_address, request, host, timeout=timeout)
+        return run_session_future(
+            self.node, self.router_address, request, host, timeout=timeout, loop_at=loop_at
+        )
 
-    def run_session(self, request: Any, host: str, *, timeout: float | None = None) -> str | None:
+    def run_session(
+        self, request: Any, host: str, *, timeout: float | None = None, loop_at: str | None = None
+    ) -> str | None:
         from actors.session import run_session
 
-        return run_session(self.node, self.router_address, request, host, timeout=timeout)
+        return run_session(self.node, self.router_address, request, host, timeout=timeout, loop_at=loop_at)
 
     def run_future(
         self,

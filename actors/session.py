@@ -9,6 +9,12 @@ an inference-handle actor per provider round (RS-01) and to a ``HostActor`` that
 answered when the future resolves, so ``record`` traffic keeps flowing while a long tool runs. Tool effects
 are idempotent per key (operation id, round, call id): a repeated ``HostExecuteTool`` gets the stored outcome
 without running the tool again.
+
+A run can live in another process than its caller: a ``SessionLoopService`` there spawns the loop
+(``run_session_future(..., loop_at=...)``). Every host and handle call is bounded by the run's
+``SessionRunRequest.call_timeout``. Cancelling the caller's future (or the run's own deadline running out)
+sends the loop ``CancelSession``: it stops at its next step boundary, accounting for an open provider turn
+as interrupted and recording its receipt once.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError
+from transport.errors import BusError, Expired
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
@@ -58,18 +64,24 @@ log = logging.getLogger(__name__)
 
 HOST_TIMEOUT: Final = 3600.0  # a host call (a tool) may take long; the run's own deadline bounds the caller
 HANDLE_TIMEOUT: Final = 3600.0
+# The default bound on each host or handle call the loop makes (SessionRunRequest.call_timeout).
+CALL_TIMEOUT: Final = 3600.0
 
 __all__ = [
+    "CALL_TIMEOUT",
+    "CancelSession",
     "HostActor",
     "InvalidSessionRequest",
     "ProviderResume",
     "RoundCompletion",
     "RoundPreparation",
+    "SessionCancelled",
     "SessionControl",
     "SessionEvent",
     "SessionHost",
     "SessionHostError",
     "SessionLoopActor",
+    "SessionLoopService",
     "SessionRoundLimitError",
     "SessionRunRequest",
     "SessionToolOutcome",
@@ -90,6 +102,9 @@ class SessionRunRequest:
     operation_id: uuid.UUID
     rounds_used: int
     round_limit: int = DEFAULT_ROUND_LIMIT
+    # Not in the seed: how long the loop waits for any one host or inference-handle call (seconds). An
+    # expired call ends the run with ``Expired`` after the open provider turn is accounted for.
+    call_timeout: float = CALL_TIMEOUT
 
 
 class RoundPreparation:
@@ -220,6 +235,12 @@ class SessionRoundLimitError(BusError):
 
     def wire_fields(self) -> dict[str, Any]:
         return {**self.details, "limit": self.limit}
+
+
+class SessionCancelled(BusError):
+    """The caller cancelled the run (``CancelSession``); the open provider turn was accounted for."""
+
+    WIRE = "rs.cancelled"
 
 
 class SessionHostError(BusError):
@@ -423,12 +444,25 @@ class RunSession:
     host: str
     router: str
     observer: str | None = None  # told each streamed TurnTextDelta (a UI's live text); None: dropped
+    # The loop actor's name, for a ``SessionLoopService`` to spawn it under (so the caller can cancel it).
+    loop: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionResult:
     TAG: ClassVar[str] = "rs.result"
     answer: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelSession:
+    """A control (answered at once, even mid-step): end the run at its next step boundary. An open
+    provider turn is accounted for as interrupted and its receipt recorded once; the run then fails with
+    ``SessionCancelled``. A provider stream being read is interrupted at once. Sent to a
+    ``SessionLoopService`` with ``loop`` set, it is passed on to that loop."""
+
+    TAG: ClassVar[str] = "rs.cancel"
+    loop: str = ""
 
 
 def _note(error: BaseException, accounting: BaseException) -> BaseException:
@@ -443,11 +477,18 @@ def _note(error: BaseException, accounting: BaseException) -> BaseException:
 
 
 class SessionLoopActor(BusActor):
-    """Runs one ``run_session`` (RS-01..RS-37) and stops. Every wait is a continuation (MB-03)."""
+    """Runs one ``run_session`` (RS-01..RS-37) and stops. Every wait is a continuation (MB-03).
+
+    ``CancelSession`` is answered at once; the run then ends at its next step boundary (before the next host
+    or handle call it would make), accounting for an open provider turn first. A provider stream being read
+    is interrupted at once: the loop asks the handle for ``finish_unavailable`` and, once both that answer
+    and the read's own answer are in, records whichever receipt exists, once.
+    """
 
     def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
         super().__init__(node, address)
         self._handle_timeout = handle_timeout
+        self._host_timeout = HOST_TIMEOUT
         self._ctx: Context | None = None
         self._request: SessionRunRequest | None = None
         self._host = ""
@@ -458,6 +499,9 @@ class SessionLoopActor(BusActor):
         self._handle_ref: Any = None
         self._handle_op: uuid.UUID | None = None
         self._handles = itertools.count()
+        self._cancelled = False
+        self._reading = False  # a NextEvent is in flight
+        self._interrupt: dict[str, Reply] | None = None  # a cancelled read: its answers, by kind
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -468,6 +512,9 @@ class SessionLoopActor(BusActor):
 
     # ------------------------------------------------------------------------------------ entry
     def handle(self, message: Any, ctx: Context) -> Any:
+        if isinstance(message, CancelSession):
+            self._cancel()
+            return None
         if not isinstance(message, RunSession):
             raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
         if self._ctx is not None:
@@ -479,15 +526,92 @@ class SessionLoopActor(BusActor):
             raise InvalidSessionRequest(
                 f"rounds_used {request.rounds_used} is outside 0..round_limit {request.round_limit}"
             )
+        if not request.call_timeout > 0:  # also rejects NaN
+            raise InvalidSessionRequest(f"call_timeout must be positive, not {request.call_timeout!r}")
         self._ctx, self._request = ctx, request
         self._host, self._router = message.host, message.router
         self._observer = message.observer
+        self._host_timeout = request.call_timeout
+        self._handle_timeout = min(self._handle_timeout, request.call_timeout)
+        if self._cancelled:  # cancelled before the run reached this loop
+            self._fail(SessionCancelled("the run was cancelled before it started"))
+            return DEFER
         self._select_round(request.rounds_used + 1)  # RS-04
         return DEFER
+
+    # ----------------------------------------------------------------------------------- cancel
+    def _cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        if self._reading and self._handle is not None and self._interrupt is None:
+            self._interrupt = {}
+            self.ask(
+                self._handle,
+                FinishUnavailable(),
+                lambda reply: self._interrupted("account", reply),
+                timeout=self._handle_timeout,
+            )
+
+    def _stopping(self) -> bool:
+        """At a step boundary: a cancelled run ends here (after accounting for an open turn)."""
+        if not self._cancelled:
+            return False
+        self._abort(SessionCancelled("the run was cancelled"))
+        return True
+
+    def _interrupted(self, kind: str, reply: Reply) -> None:
+        """A cancelled read: once the read's answer and the accounting's answer are both in, record the one
+        receipt the turn has (from the final event, an error that carries it, or the accounting)."""
+        interrupt = self._interrupt
+        assert interrupt is not None
+        interrupt[kind] = reply
+        if len(interrupt) < 2:
+            return
+        events: list[SessionEvent.ProviderReceipt] = []
+        seen: set[str] = set()
+        for part in (interrupt["event"], interrupt["account"]):
+            message = part.message if part.error is None else None
+            usage, continuation = None, None
+            if isinstance(message, SessionInferenceEvent.Completed):
+                receipt: Any = message.receipt
+                usage, continuation = message.usage, message.continuation
+            else:
+                receipt = message if part.error is None else getattr(part.error, "receipt", None)
+            if isinstance(receipt, UsageReceipt) and receipt.receipt_id not in seen:
+                seen.add(receipt.receipt_id)
+                events.append(
+                    SessionEvent.ProviderReceipt(
+                        round=self._round, usage=usage, receipt=receipt, continuation=continuation
+                    )
+                )
+        self._release_handle()
+        cancelled = SessionCancelled("the run was cancelled while the provider was streaming")
+        if not events:
+            failure = interrupt["account"].error or interrupt["event"].error
+            self._fail(cancelled if failure is None else _note(cancelled, failure))
+            return
+        self._record_receipts(events, cancelled)
+
+    def _record_receipts(self, events: list[SessionEvent.ProviderReceipt], error: BaseException) -> None:
+        first, rest = events[0], events[1:]
+
+        def recorded(reply: Reply) -> None:
+            if reply.error is not None:
+                self._fail(_note(error, reply.error))
+            elif rest:
+                self._record_receipts(rest, error)
+            else:
+                self._fail(error)
+
+        self.ask(self._host, HostRecord(event=first), recorded, timeout=self._host_timeout)
 
     # ------------------------------------------------------------------------------ host / handle
     def _call_host(self, message: Any, then: Callable[[Any], None]) -> None:
         """Ask the host; any host error aborts the run (after accounting when a handle is active)."""
+        receipt = isinstance(message, HostRecord) and isinstance(message.event, SessionEvent.ProviderReceipt)
+        if not receipt and self._stopping():  # a receipt in hand is recorded even when cancelled
+            return
 
         def on_reply(reply: Reply) -> None:
             if reply.error is not None:
@@ -495,13 +619,27 @@ class SessionLoopActor(BusActor):
             else:
                 then(reply.message)
 
-        self.ask(self._host, message, on_reply, timeout=HOST_TIMEOUT)
+        self.ask(self._host, message, on_reply, timeout=self._host_timeout)
 
     def _record(self, event: AnySessionEvent, then: Callable[[], None]) -> None:
         self._call_host(HostRecord(event=event), lambda _: then())  # EV-10: awaited
 
     def _call_handle(self, message: Any, then: Callable[[Reply], None]) -> None:
         assert self._handle is not None
+        if not isinstance(message, FinishUnavailable) and self._stopping():
+            return
+        if isinstance(message, NextEvent):
+            self._reading = True
+
+            def read(reply: Reply) -> None:
+                self._reading = False
+                if self._interrupt is not None:
+                    self._interrupted("event", reply)
+                else:
+                    then(reply)
+
+            self.ask(self._handle, message, read, timeout=self._handle_timeout)
+            return
         self.ask(self._handle, message, then, timeout=self._handle_timeout)
 
     # ---------------------------------------------------------------------------------- rounds
@@ -531,6 +669,8 @@ class SessionLoopActor(BusActor):
     def _start(self, prepared: PreparedRound) -> None:
         request = self._request
         assert request is not None
+        if self._stopping():
+            return
         inference = SessionInferenceRequest(
             user_id=request.user_id, operation_id=request.operation_id, round=self._round, prepared=prepared
         )  # RS-08: prepared passed through unchanged
@@ -689,7 +829,7 @@ class SessionLoopActor(BusActor):
                     else:
                         then()
 
-                self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
+                self.ask(self._host, HostRecord(event=event), recorded, timeout=self._host_timeout)
             elif error is not None:
                 failed(error)
             else:
@@ -708,7 +848,7 @@ class SessionLoopActor(BusActor):
         def recorded(reply: Reply) -> None:
             self._fail(error if reply.error is None else _note(error, reply.error))
 
-        self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
+        self.ask(self._host, HostRecord(event=event), recorded, timeout=self._host_timeout)
 
     def _abort(self, error: BaseException) -> None:
         """RS-12/RS-30..35: a failure with a live handle accounts for it first, then raises ``error``."""
@@ -743,6 +883,38 @@ class SessionLoopActor(BusActor):
 # ------------------------------------------------------------------------------------------------ facade
 
 
+class SessionLoopService(BusActor):
+    """Runs each ``RunSession`` it receives in a new ``SessionLoopActor`` on its own node, and relays the
+    result: a session loop in another process than its caller (``run_session_future(..., loop_at=...)``).
+    The loop is spawned under ``RunSession.loop`` when given, so the caller can send it ``CancelSession``."""
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if isinstance(message, CancelSession):
+            # After the RunSession it cancels (one ordered stream from the caller): the loop exists.
+            if message.loop.startswith("session.") and "/" not in message.loop:
+                self.tell_to(f"{self.node.name}/{message.loop}", CancelSession())
+            return None
+        if not isinstance(message, RunSession):
+            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        name = message.loop or f"session.{uuid.uuid4().hex}"
+        if not name.startswith("session.") or "/" in name:
+            raise InvalidSessionRequest(f"a session loop's name starts with 'session.', not {name[:80]!r}")
+        self.node.spawn(SessionLoopActor, name)
+        deadline = ctx.header.deadline
+        timeout = None if deadline is None else max(0.001, deadline - self.node.clock())
+
+        def relay(reply: Reply) -> None:
+            if ctx.done:
+                return
+            if reply.error is not None:
+                ctx.fail(reply.error)
+            else:
+                ctx.reply(reply.message)
+
+        self.ask(f"{self.node.name}/{name}", message, relay, timeout=timeout)
+        return DEFER
+
+
 def run_session_future(
     node: Node,
     router_address: str,
@@ -751,20 +923,35 @@ def run_session_future(
     *,
     timeout: float | None = None,
     loop_on: Node | None = None,
+    loop_at: str | None = None,
 ) -> concurrent.futures.Future[Any]:
-    """Spawn a ``SessionLoopActor`` (on ``loop_on``, default ``node``) and resolve with the final answer."""
-    where = loop_on or node
+    """Spawn a ``SessionLoopActor`` and resolve with the final answer. The loop runs on ``loop_on`` (a local
+    node, default ``node``), or, given ``loop_at``, in the process of that ``SessionLoopService``.
+
+    Cancelling the returned future sends the loop ``CancelSession``: the run ends at its next step
+    boundary, with an open provider turn accounted for as interrupted (its receipt recorded once). So does
+    the run's own ``timeout`` running out (the caller then gets ``Expired``)."""
     name = f"session.{uuid.uuid4().hex}"
-    where.spawn(SessionLoopActor, name)
-    inner = node.request_future(
-        f"{where.name}/{name}",
-        RunSession(request=request, host=host_address, router=router_address),
-        timeout=timeout,
-    )
+    if loop_at is not None:
+        loop_address = f"{loop_at.partition('/')[0]}/{name}"
+        target, message = (
+            loop_at,
+            RunSession(request=request, host=host_address, router=router_address, loop=name),
+        )
+    else:
+        where = loop_on or node
+        where.spawn(SessionLoopActor, name)
+        loop_address = f"{where.name}/{name}"
+        target, message = loop_address, RunSession(request=request, host=host_address, router=router_address)
+    inner = node.request_future(target, message, timeout=timeout)
     outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     def done(fut: concurrent.futures.Future[Any]) -> None:
+        if not outer.set_running_or_notify_cancel():
+            return  # cancelled by the caller: the loop was told (below); its late answer is dropped
         error = fut.exception()
+        if isinstance(error, Expired):
+            tell_cancel()  # nobody waits for the run any more: end it at its next step boundary
         if error is not None:
             if isinstance(error, BusError) and "accounting_error" in error.details:
                 error.add_note(str(error.details["accounting_error"]))  # RS-34, rebuilt from the wire
@@ -772,6 +959,23 @@ def run_session_future(
         else:
             outer.set_result(fut.result().answer)
 
+    def tell_cancel() -> None:
+        try:
+            if loop_at is not None:
+                # Through the service, on the node's own ordered stream (the one the RunSession took), so
+                # the cancel can never overtake the run and reach a loop not spawned yet.
+                src = node.client_address(via_node=True)
+                node.tell(loop_at, CancelSession(loop=name), src=src)
+            else:
+                node.tell(loop_address, CancelSession())
+        except BusError as exc:  # the loop is gone or unreachable: nothing left to stop
+            log.info("cancelling %s: %r", loop_address, exc)
+
+    def cancelled(fut: concurrent.futures.Future[Any]) -> None:
+        if fut.cancelled():
+            tell_cancel()
+
+    outer.add_done_callback(cancelled)
     inner.add_done_callback(done)
     return outer
 
@@ -783,9 +987,10 @@ def run_session(
     host_address: str,
     *,
     timeout: float | None = None,
+    loop_at: str | None = None,
 ) -> str | None:
     forbid_blocking("run_session")
-    future = run_session_future(node, router_address, request, host_address, timeout=timeout)
+    future = run_session_future(node, router_address, request, host_address, timeout=timeout, loop_at=loop_at)
     return future.result(None if timeout is None else timeout + 1.0)  # type: ignore[no-any-return]
 
 
@@ -812,5 +1017,11 @@ SESSION_MESSAGES = (
     HostCompleteRound,
     RunSession,
     SessionResult,
+    CancelSession,
 )
-SESSION_ERRORS: tuple[type[BusError], ...] = (InvalidSessionRequest, SessionRoundLimitError, SessionHostError)
+SESSION_ERRORS: tuple[type[BusError], ...] = (
+    InvalidSessionRequest,
+    SessionRoundLimitError,
+    SessionHostError,
+    SessionCancelled,
+)

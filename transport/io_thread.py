@@ -258,6 +258,8 @@ class IoThread(threading.Thread):
         if old is not None:
             self.poller.unregister(old[0])
             self.poller.unregister(old[1])
+            with contextlib.suppress(zmq.ZMQError):
+                old[0].disable_monitor()  # else its monitor endpoint outlives it (see below)
             old[1].close(0)
             old[0].close(0)
             node.pending.fail_peer(peer.name, lambda e: Unavailable(f"connection to {peer.name} replaced"))

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from actors.base import DEFER, BusActor, Context
 from actors.inference import InferenceError, InferenceRuntime, PreparedRound
@@ -32,6 +34,7 @@ from actors.router.messages import (
     TurnCompleted,
     TurnStarted,
     TurnToolCall,
+    TurnUsage,
 )
 from actors.session import (
     HostActor,
@@ -41,10 +44,12 @@ from actors.session import (
     SessionControl,
     SessionEvent,
     SessionHostError,
+    SessionRoundLimitError,
     SessionRunRequest,
     SessionToolOutcome,
 )
-from actors.types import AgentProvider, ResolvedAgentModel, ToolCall, ToolCallError, UsageReceipt
+from actors.types import AgentProvider, ResolvedAgentModel, TokenUsage, ToolCall, ToolCallError, UsageReceipt
+from transport.errors import BusError
 from transport.node import Node
 
 OP = uuid.UUID("00000000-0000-4000-8000-0000000000bb")
@@ -547,3 +552,171 @@ def test_rs34_stream_error_survives_an_accounting_failure(
     assert "ledger is busy" in notes(err.value)
     assert host.rounds() == [1]
     assert_ev09(router, host)
+
+
+# ------------------------------------------------------------------------- EV-09: a fault at every step
+
+
+class Faults:
+    """One shared step counter over every host call and every Router call of a run; ``at`` is the step
+    that fails (None: none). ``steps`` names each step as it runs."""
+
+    def __init__(self, at: int | None, with_receipt: bool) -> None:
+        self.at = at
+        self.with_receipt = with_receipt
+        self.steps: list[str] = []
+
+    def marker(self) -> str:
+        return f"fault@{self.at}"
+
+    def host_step(self, name: str) -> None:
+        self.steps.append(name)
+        if len(self.steps) - 1 == self.at:
+            raise SessionHostError(f"{name} failed: {self.marker()}")
+
+    def router_step(self, name: str, plan: FakeSessionRouter, op: uuid.UUID) -> None:
+        self.steps.append(name)
+        if len(self.steps) - 1 == self.at:
+            receipt = plan.receipt(op, "failed") if self.with_receipt else None
+            raise ProviderFailed(f"{name} failed: {self.marker()}", receipt=receipt)
+
+
+class FaultyHost(RecordingHost):
+    def __init__(self, faults: Faults) -> None:
+        super().__init__()
+        self.faults = faults
+
+    def prepare_round(self, round: int) -> Any:
+        self.trace.append(("prepare_round", round))
+        self.faults.host_step("prepare_round")
+        return RoundPreparation.Run(prepared=prepared())
+
+    def record(self, event: Any) -> None:
+        self.trace.append(("record", event))
+        self.faults.host_step(f"record {type(event).__name__}")
+
+    def execute_tool(self, call: ToolCall | ToolCallError, provider_operation_id: uuid.UUID) -> Any:
+        self.trace.append(("execute_tool", call))
+        self.faults.host_step("execute_tool")
+        return self.tool(call)
+
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any:
+        self.trace.append(("resume", outcome))
+        self.faults.host_step("resume")
+        return self.resume(outcome)
+
+    def complete_capture(self, capture: Any, contents: str) -> Any:
+        self.trace.append(("complete_capture", capture, contents))
+        self.faults.host_step("complete_capture")
+        return self.control()
+
+    def complete_round(self, completion: RoundCompletion) -> Any:
+        self.trace.append(("complete_round", completion))
+        self.faults.host_step("complete_round")
+        return self.control()
+
+
+class FaultyRouterActor(FakeSessionRouterActor):
+    """The fake Router, failing the step ``faults.at`` when it is one of its own (start, read, respond,
+    account), with or without a receipt attached."""
+
+    def __init__(self, node: Node, address: str, *, plan: FakeSessionRouter, faults: Faults) -> None:
+        super().__init__(node, address, plan=plan)
+        self.faults = faults
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        op = getattr(message, "operation_id", None) or uuid.uuid4()
+        match message:
+            case StartTurn():
+                self.faults.router_step("router start", self.plan, op)
+            case NextTurnEvent():
+                if not self.plan.events[op]:
+                    return DEFER
+                self.faults.router_step("router read", self.plan, op)
+            case RespondCall():
+                self.faults.router_step("router respond", self.plan, op)
+            case FinishUnavailable():
+                self.faults.router_step("router account", self.plan, op)
+        return super().handle(message, ctx)
+
+
+SCENARIO = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(["continue", "restart", "complete", "stop", "capture"]), max_size=2),
+        st.sampled_from(["continue", "complete"]),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def error_text(error: BaseException) -> str:
+    parts = [str(error), str(error.__cause__), *getattr(error, "__notes__", [])]
+    return "\n".join(parts)
+
+
+def test_ev09_a_fault_at_every_step_records_each_receipt_once_and_returns_the_failure(node: Node) -> None:
+    """EV-09 (RS-12, RS-17, RS-18, RS-29..RS-35): for random sessions (tools, resume choices, controls), run
+    once cleanly to learn its steps (every host call and every Router call), then once per step with a
+    fault injected there (Router faults with or without a receipt). Every faulted run raises the injected
+    failure (itself, as the cause, or attached to it), and the receipts handed to record are exactly the
+    ones the Router issued, each once."""
+    runs = iter(range(10_000))
+
+    def run_once(
+        rounds: list[tuple[list[str], str]], at: int | None, with_receipt: bool
+    ) -> tuple[Faults, FakeSessionRouter, FaultyHost, BaseException | None]:
+        i = next(runs)
+        faults = Faults(at, with_receipt)
+        turns: list[list[Step]] = []
+        for n, (resumes, _) in enumerate(rounds):
+            script: list[Step] = [TurnUsage(usage=TokenUsage(input_tokens=n + 1))]
+            script += [ktool(f"c{k}") for k in range(len(resumes))]
+            turns.append([*script, completed(f"answer {n}")])
+        plan = FakeSessionRouter(turns=turns * 3)  # RestartFresh may start more turns than rounds
+        host = FaultyHost(faults)
+        resumes = iter([r for rs, _ in rounds for r in rs] + ["continue"] * 20)
+        controls = iter([c for _, c in rounds] + ["complete"] * 20)
+
+        def resume(outcome: SessionToolOutcome) -> Any:
+            match next(resumes):
+                case "restart":
+                    return ProviderResume.RestartFresh()
+                case "complete":
+                    return ProviderResume.Complete(answer="early")
+                case "stop":
+                    return ProviderResume.Continue(outcome=SessionToolOutcome(text="s", ok=True, stop=True))
+                case "capture":
+                    return ProviderResume.Continue(outcome=SessionToolOutcome(text="c", ok=True, capture=[1]))
+            return ProviderResume.Continue(outcome=outcome)
+
+        host.resume = resume
+        host.control = lambda: (
+            SessionControl.Continue()
+            if next(controls) == "continue"
+            else SessionControl.Complete(answer="end")
+        )
+        node.spawn(HostActor, f"host{i}", host=host)
+        node.spawn(FaultyRouterActor, f"fake{i}", plan=plan, faults=faults)
+        request = SessionRunRequest(user_id="u1", operation_id=OP, rounds_used=0, round_limit=4)
+        runtime = InferenceRuntime(node, f"n1/fake{i}", timeout=WAIT)
+        try:
+            runtime.run_session(request, f"n1/host{i}", timeout=WAIT)
+        except BusError as exc:
+            return faults, plan, host, exc
+        return faults, plan, host, None
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(SCENARIO, st.booleans())
+    def property(rounds: list[tuple[list[str], str]], with_receipt: bool) -> None:
+        clean, plan, host, error = run_once(rounds, None, with_receipt)
+        assert error is None or isinstance(error, SessionRoundLimitError), error
+        assert_ev09(plan, host)
+        for at in range(len(clean.steps)):
+            faults, plan, host, error = run_once(rounds, at, with_receipt)
+            assert faults.steps[:at] == clean.steps[:at]
+            assert error is not None, f"a fault at {clean.steps[at]} (step {at}) was not returned"
+            assert faults.marker() in error_text(error), (clean.steps[at], error)
+            assert_ev09(plan, host)
+
+    property()
