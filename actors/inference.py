@@ -58,7 +58,7 @@ from transport.codec import JsonValue
 from transport.errors import TRANSPORT_ERRORS, BusError, NotDelivered, Unavailable
 from transport.messages import Ok
 from transport.node import Node
-from transport.pending import Reply, forbid_blocking
+from transport.pending import Reply, chained, forbid_blocking
 
 log = logging.getLogger(__name__)
 
@@ -319,8 +319,9 @@ class Terminal:
 State = Starting | Active | Terminal
 
 
-def start_turn_of(request: SessionInferenceRequest) -> StartTurn:
-    """SI-02/SI-03: everything the caller prepared, and ``provider_input`` verbatim (never ``input``)."""
+def start_turn_of(request: SessionInferenceRequest, *, ephemeral: bool = False) -> StartTurn:
+    """SI-02/SI-03: everything the caller prepared, and ``provider_input`` verbatim (never ``input``).
+    ``ephemeral``: a fresh turn the Router keeps no continuation for (a subagent run's, SA-02)."""
     prepared = request.prepared
     return StartTurn(
         user_id=request.user_id,
@@ -332,6 +333,7 @@ def start_turn_of(request: SessionInferenceRequest) -> StartTurn:
         reasoning_effort=prepared.reasoning_effort,
         continuation=prepared.continuation,
         timeout_s=prepared.timeout,
+        ephemeral=ephemeral,
     )
 
 
@@ -348,11 +350,12 @@ class InferenceHandleActor(BusActor):
         start_timeout: float | None = None,
         read_timeout: float = READ_TIMEOUT,
         observer: str | None = None,
+        ephemeral: bool = False,
     ) -> None:
         super().__init__(node, address)
         self._router = router
         self._observer = observer  # told every TurnTextDelta as it streams (not an event of its own)
-        self._start = start_turn_of(request)
+        self._start = start_turn_of(request, ephemeral=ephemeral)
         self._start_timeout = start_timeout
         self._read_timeout = read_timeout
         self._state: State = Starting()
@@ -584,25 +587,6 @@ def _typed(error: BaseException, address: str) -> BaseException:
     return error
 
 
-def _mapped(
-    inner: concurrent.futures.Future[Any], convert: Callable[[Any], Any], address: str
-) -> concurrent.futures.Future[Any]:
-    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def done(fut: concurrent.futures.Future[Any]) -> None:
-        error = fut.exception()
-        if error is not None:
-            outer.set_exception(_typed(error, address))
-            return
-        try:
-            outer.set_result(convert(fut.result()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-            outer.set_exception(exc)
-
-    inner.add_done_callback(done)
-    return outer
-
-
 def _event_or_none(reply: Any) -> Event | None:
     return None if isinstance(reply, Ok) else reply
 
@@ -652,7 +636,7 @@ class SessionInference:
         self, message: Any, timeout: float | None, convert: Callable[[Any], Any]
     ) -> concurrent.futures.Future[Any]:
         inner = self.node.request_future(self.address, message, timeout=self._t(timeout))
-        return _mapped(inner, convert, self.address)
+        return chained(inner, convert, lambda error: _typed(error, self.address))
 
     def next_event(self, *, timeout: float | None = None) -> Event | None:
         return _event_or_none(self._call(NextEvent(), timeout))
@@ -756,19 +740,7 @@ class InferenceRuntime:
         inner = self.node.request_future(
             self.router_address, ResolveModel(requested=requested), timeout=self._t(timeout)
         )
-        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def done(fut: concurrent.futures.Future[Any]) -> None:
-            error = fut.exception()
-            if isinstance(error, BusError):
-                outer.set_exception(_resolve_error(requested, error))
-            elif error is not None:
-                outer.set_exception(error)
-            else:
-                outer.set_result(fut.result())
-
-        inner.add_done_callback(done)
-        return outer
+        return chained(inner, error=lambda e: _resolve_error(requested, e) if isinstance(e, BusError) else e)
 
     def start_session_inference(
         self, request: SessionInferenceRequest, *, timeout: float | None = None

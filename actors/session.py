@@ -53,6 +53,8 @@ from actors.types import (
     ToolCallError,
     ToolResult,
     UsageReceipt,
+    note_accounting_failure,
+    restore_accounting_note,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired
@@ -465,17 +467,6 @@ class CancelSession:
     loop: str = ""
 
 
-def _note(error: BaseException, accounting: BaseException) -> BaseException:
-    """RS-34: the original error stays; the accounting failure is attached to it."""
-    note = f"interrupted-call accounting failed as well: {accounting!r}"[:1000]
-    error.add_note(note)
-    if isinstance(error, BusError):
-        error.details["accounting_error"] = note  # notes do not cross the bus; wire fields do
-    if error.__context__ is None:
-        error.__context__ = accounting
-    return error
-
-
 class SessionLoopActor(BusActor):
     """Runs one ``run_session`` (RS-01..RS-37) and stops. Every wait is a continuation (MB-03).
 
@@ -589,7 +580,7 @@ class SessionLoopActor(BusActor):
         cancelled = SessionCancelled("the run was cancelled while the provider was streaming")
         if not events:
             failure = interrupt["account"].error or interrupt["event"].error
-            self._fail(cancelled if failure is None else _note(cancelled, failure))
+            self._fail(cancelled if failure is None else note_accounting_failure(cancelled, failure))
             return
         self._record_receipts(events, cancelled)
 
@@ -598,7 +589,7 @@ class SessionLoopActor(BusActor):
 
         def recorded(reply: Reply) -> None:
             if reply.error is not None:
-                self._fail(_note(error, reply.error))
+                self._fail(note_accounting_failure(error, reply.error))
             elif rest:
                 self._record_receipts(rest, error)
             else:
@@ -823,7 +814,7 @@ class SessionLoopActor(BusActor):
                     # A host that cannot take the receipt (it died mid-tool) must not hide why the run
                     # is ending: the accounting error, or the caller's own, is what ``failed`` reports.
                     if error is not None:
-                        failed(error if reply.error is None else _note(error, reply.error))
+                        failed(error if reply.error is None else note_accounting_failure(error, reply.error))
                     elif reply.error is not None:
                         failed(reply.error)
                     else:
@@ -846,7 +837,7 @@ class SessionLoopActor(BusActor):
         )
 
         def recorded(reply: Reply) -> None:
-            self._fail(error if reply.error is None else _note(error, reply.error))
+            self._fail(error if reply.error is None else note_accounting_failure(error, reply.error))
 
         self.ask(self._host, HostRecord(event=event), recorded, timeout=self._host_timeout)
 
@@ -855,7 +846,10 @@ class SessionLoopActor(BusActor):
         if self._handle is None or self._handle_op is None:
             self._fail(error)
             return
-        self._account(lambda: self._fail(error), lambda accounting: self._fail(_note(error, accounting)))
+        self._account(
+            lambda: self._fail(error),
+            lambda accounting: self._fail(note_accounting_failure(error, accounting)),
+        )
 
     # ------------------------------------------------------------------------------------ ending
     def _release_handle(self) -> None:
@@ -953,9 +947,7 @@ def run_session_future(
         if isinstance(error, Expired):
             tell_cancel()  # nobody waits for the run any more: end it at its next step boundary
         if error is not None:
-            if isinstance(error, BusError) and "accounting_error" in error.details:
-                error.add_note(str(error.details["accounting_error"]))  # RS-34, rebuilt from the wire
-            outer.set_exception(error)
+            outer.set_exception(restore_accounting_note(error))  # RS-34, rebuilt from the wire
         else:
             outer.set_result(fut.result().answer)
 

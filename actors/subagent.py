@@ -60,12 +60,14 @@ from actors.types import (
     ToolCallError,
     ToolResult,
     UsageReceipt,
+    note_accounting_failure,
+    restore_accounting_note,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError
 from transport.messages import Ok
 from transport.node import Node
-from transport.pending import Reply, forbid_blocking
+from transport.pending import Reply, chained, forbid_blocking
 
 log = logging.getLogger(__name__)
 
@@ -351,24 +353,6 @@ class RunSubagent:
     protocol_reserve_tokens: int = PROTOCOL_RESERVE_TOKENS
 
 
-class _EphemeralHandle(InferenceHandleActor):
-    """The inference handle for the run's one turn: fresh and ephemeral (SA-02)."""
-
-    def __init__(self, node: Node, address: str, **options: Any) -> None:
-        super().__init__(node, address, **options)
-        self._start = replace(self._start, ephemeral=True)
-
-
-def _note(error: BaseException, accounting: BaseException) -> BaseException:
-    note = f"interrupted-call accounting failed as well: {accounting!r}"[:1000]
-    error.add_note(note)
-    if isinstance(error, BusError):
-        error.details["accounting_error"] = note  # notes do not cross the bus; wire fields do
-    if error.__context__ is None:
-        error.__context__ = accounting
-    return error
-
-
 class SubagentRunActor(BusActor):
     """Runs one ``run`` (SA-01..SA-28, EV-01..EV-06) and stops. Every wait is a continuation."""
 
@@ -529,7 +513,12 @@ class SubagentRunActor(BusActor):
         )
         name = f"{self.name}.inference"
         self._handle_ref = self.node.spawn(
-            _EphemeralHandle, name, router=self._router, request=inference, start_timeout=self._handle_timeout
+            InferenceHandleActor,
+            name,
+            router=self._router,
+            request=inference,
+            start_timeout=self._handle_timeout,
+            ephemeral=True,
         )
         self._handle = f"{self.node.name}/{name}"
         self._call_handle(AwaitStarted(), self._on_started)
@@ -788,7 +777,7 @@ class SubagentRunActor(BusActor):
             if isinstance(receipt, UsageReceipt):
                 self._record_and_fail(error, receipt)
             else:
-                self._fail(error if failure is None else _note(error, failure))
+                self._fail(error if failure is None else note_accounting_failure(error, failure))
 
         self._call_handle(FinishUnavailable(), accounted)
 
@@ -805,7 +794,7 @@ class SubagentRunActor(BusActor):
         )
 
         def recorded(reply: Reply) -> None:
-            self._fail(error if reply.error is None else _note(error, reply.error))
+            self._fail(error if reply.error is None else note_accounting_failure(error, reply.error))
 
         self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
 
@@ -852,19 +841,7 @@ def run_future(
         ),
         timeout=timeout,
     )
-    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def done(fut: concurrent.futures.Future[Any]) -> None:
-        error = fut.exception()
-        if error is not None:
-            if isinstance(error, BusError) and "accounting_error" in error.details:
-                error.add_note(str(error.details["accounting_error"]))
-            outer.set_exception(error)
-        else:
-            outer.set_result(fut.result())
-
-    inner.add_done_callback(done)
-    return outer
+    return chained(inner, error=restore_accounting_note)
 
 
 def run(

@@ -188,3 +188,22 @@ AGENT_TYPES = (
     ToolCallError,
     ToolCall,
 )
+
+
+def note_accounting_failure(error: BaseException, accounting: BaseException) -> BaseException:
+    """RS-34 / SA-28: the original failure stays the outcome; the interrupted-call accounting that failed as
+    well is attached to it, as a note and (notes do not cross the bus) as the wire field
+    ``accounting_error`` that ``restore_accounting_note`` turns back into a note on the caller's side."""
+    note = f"interrupted-call accounting failed as well: {accounting!r}"[:1000]
+    error.add_note(note)
+    if isinstance(error, BusError):
+        error.details["accounting_error"] = note
+    if error.__context__ is None:
+        error.__context__ = accounting
+    return error
+
+
+def restore_accounting_note(error: BaseException) -> BaseException:
+    if isinstance(error, BusError) and "accounting_error" in error.details:
+        error.add_note(str(error.details["accounting_error"]))
+    return error

@@ -229,3 +229,33 @@ def _deliver(entry: PendingRequest, reply: Reply) -> None:
         entry.deliver(reply)
     except Exception:  # a waiter's bug must not kill the thread that delivers
         log.exception("delivering the reply to %s failed", entry.id.hex())
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+def chained(
+    inner: concurrent.futures.Future[Any],
+    result: Callable[[Any], Any] = _unchanged,
+    error: Callable[[BaseException], BaseException] = _unchanged,
+) -> concurrent.futures.Future[Any]:
+    """A future that settles when ``inner`` does: its value passed through ``result`` (an exception raised
+    there becomes the outcome), its error through ``error``. Cancelling the returned future leaves ``inner``
+    alone; its late outcome is then dropped."""
+    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(fut: concurrent.futures.Future[Any]) -> None:
+        if not outer.set_running_or_notify_cancel():
+            return
+        failure = fut.exception()
+        if failure is not None:
+            outer.set_exception(error(failure))
+            return
+        try:
+            outer.set_result(result(fut.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            outer.set_exception(exc)
+
+    inner.add_done_callback(done)
+    return outer

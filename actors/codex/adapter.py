@@ -63,7 +63,7 @@ from actors.types import TokenUsage, ToolResult
 from transport.errors import BusError, NotDelivered, Unavailable
 from transport.messages import Ok
 from transport.node import Node
-from transport.pending import forbid_blocking
+from transport.pending import chained, forbid_blocking
 
 DEFAULT_TIMEOUT = 60.0
 _names = itertools.count(1)
@@ -94,25 +94,6 @@ def _typed(error: BaseException, address: str) -> BaseException:
     return error
 
 
-def _mapped(
-    inner: concurrent.futures.Future[Any], convert: Callable[[Any], Any], address: str
-) -> concurrent.futures.Future[Any]:
-    outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def done(fut: concurrent.futures.Future[Any]) -> None:
-        error = fut.exception()
-        if error is not None:
-            outer.set_exception(_typed(error, address))
-            return
-        try:
-            outer.set_result(convert(fut.result()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-            outer.set_exception(exc)
-
-    inner.add_done_callback(done)
-    return outer
-
-
 class _Link:
     """The node and actor address a facade talks to, with its default timeout."""
 
@@ -139,7 +120,7 @@ class _Link:
         self, message: Any, timeout: float | None, convert: Callable[[Any], Any]
     ) -> concurrent.futures.Future[Any]:
         inner = self.node.request_future(self.address, message, timeout=self.t(timeout))
-        return _mapped(inner, convert, self.address)
+        return chained(inner, convert, lambda error: _typed(error, self.address))
 
 
 class Adapter:

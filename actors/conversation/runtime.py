@@ -41,7 +41,7 @@ from actors.conversation.tools import ToolRegistry
 from actors.conversation.types import ChatTokenUsage, Compactor, Message, RuntimeOutcome, SessionEnd
 from transport.errors import BusError
 from transport.node import Node
-from transport.pending import forbid_blocking
+from transport.pending import chained, forbid_blocking
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +91,7 @@ class ConversationRuntime:
         self, message: Any, timeout: float | None, convert: Callable[[Any], Any] = lambda v: v
     ) -> concurrent.futures.Future[Any]:
         inner = self.node.request_future(self.address, message, timeout=self._t(timeout))
-        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def done(fut: concurrent.futures.Future[Any]) -> None:
-            if outer.done():  # the caller cancelled it
-                return
-            error = fut.exception()
-            if error is not None:
-                outer.set_exception(error)
-                return
-            try:
-                outer.set_result(convert(fut.result()))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                outer.set_exception(exc)
-
-        inner.add_done_callback(done)
-        return outer
+        return chained(inner, convert)
 
     def _call(self, message: Any, timeout: float | None, convert: Callable[[Any], Any] = lambda v: v) -> Any:
         forbid_blocking(type(message).__name__)

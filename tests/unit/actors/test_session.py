@@ -207,6 +207,13 @@ class Topology:
             self.node, self.router, request, self.host_address, timeout=timeout, loop_at=self.loop_at
         )
 
+    def cancel_reached_loop(self) -> None:
+        """After ``future.cancel()``: the cancel is in the loop's mailbox. In-process the cancel is put there
+        at once; across processes it travels the node's ordered stream to the loop service, which passes it
+        on before it answers this Ping, sent on the same stream."""
+        if self.loop_at is not None:
+            self.node.request_future(self.loop_at, Ping(nonce=0), timeout=WAIT).result(WAIT)
+
 
 @pytest.fixture(params=["inproc", pytest.param("processes", marks=pytest.mark.integration)])
 def topology(
@@ -786,7 +793,7 @@ def test_cancelling_the_future_during_a_tool_ends_at_the_next_step(
     future = topology.run_future(request_of())
     host.wait_for("execute_tool")
     assert future.cancel()
-    barrier(topology)  # the cancel reached the loop (ordered before this round trip's reply)
+    topology.cancel_reached_loop()
     outcome.set_result(SessionToolOutcome.success("done"))
     host.wait_for("ProviderReceipt")
     (receipt,) = host.events(SessionEvent.ProviderReceipt)
