@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from transport.codec import encode_header
-from transport.envelope import Header, Route, node_of
+from transport.envelope import Header, Inbound, Route, node_of
 from transport.errors import NotDelivered, ProtocolError, Unavailable
 from transport.messages import Hello, Resolve, Resolved
 from transport.security import SecurityError, user_id
@@ -55,6 +55,10 @@ class IoThread(threading.Thread):
         self.connected: dict[str, threading.Event] = {}
         self.routes: dict[str, Route] = {}  # node name -> way back over an inbound connection
         self.seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # Messages for one actor read in this wake-up, not yet in its mailbox (see _deliver).
+        self._batch: list[Inbound] = []
+        self._batch_ref: Any = None
+        self._batch_key = ""
         self.poller = zmq.Poller()
         self._wake_r, self._wake_w = _wake_pair()
         # Closed only when nothing can reach this thread object any more: a wake() racing shutdown must
@@ -140,6 +144,12 @@ class IoThread(threading.Thread):
 
     # ----------------------------------------------------------------------------------- inbound
     def _drain_router(self, index: int, sock: Sock, curve: bool) -> None:
+        try:
+            self._drain_router_batch(index, sock, curve)
+        finally:
+            self._flush()
+
+    def _drain_router_batch(self, index: int, sock: Sock, curve: bool) -> None:
         # Up to 256 messages per wake-up: fewer polls under load, fair to the other sockets.
         for _ in range(256):
             # EVENTS, not recv-until-Again: raising zmq.Again costs more than the message itself.
@@ -162,21 +172,33 @@ class IoThread(threading.Thread):
             self._inbound(parts[2], parts[3], ("r", index, parts[0]), auth)
 
     def _drain_dealer(self, name: str, sock: Sock) -> None:
-        for _ in range(256):
-            if not readable(sock):
-                return
-            parts = recv_frames(sock)
-            if len(parts) != 3 or parts[0]:
-                self.node.stats.incr("malformed")
-                continue
-            # The server's key was checked by the CURVE handshake: this connection speaks for `name`.
-            self._inbound(parts[1], parts[2], ("d", name), f"peer:{name}")
+        try:
+            for _ in range(256):
+                if not readable(sock):
+                    return
+                parts = recv_frames(sock)
+                if len(parts) != 3 or parts[0]:
+                    self.node.stats.incr("malformed")
+                    continue
+                # The server's key was checked by the CURVE handshake: this connection speaks for `name`.
+                self._inbound(parts[1], parts[2], ("d", name), f"peer:{name}")
+        finally:
+            self._flush()
 
     def _inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
         node = self.node
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
             return
+        if (
+            not header.is_reply
+            and node_of(header.dst) == node.name
+            and header.dst != node.directory_address
+            and self._batched(header, body, route)
+        ):
+            return
+        # Whatever is not batched happens in arrival order: what was batched before it goes out first.
+        self._flush()
         if header.kind == Hello.TAG:
             self.routes[node_of(header.src)] = route
             return
@@ -189,6 +211,27 @@ class IoThread(threading.Thread):
             return
         node.stats.incr("hops_to_actor")
         node.deliver_local(header, body, route)
+
+    def _batched(self, header: Header, body: bytes, route: Route) -> bool:
+        """Hold a message for an actor that takes batches; the drain that read it hands the batch over
+        (``_flush``) before it returns. False: deliver it on its own, as before."""
+        actor_key = header.dst.partition("/")[2]
+        ref = self.node.lookup(actor_key)
+        if ref is None or not getattr(getattr(ref, "actor_class", None), "TAKES_INBOUND_BATCH", False):
+            return False
+        if ref is not self._batch_ref:
+            self._flush()
+            self._batch_ref, self._batch_key = ref, actor_key
+        self._batch.append(Inbound(header, body, route))
+        return True
+
+    def _flush(self) -> None:
+        batch = self._batch
+        if batch:
+            ref, key = self._batch_ref, self._batch_key
+            self._batch, self._batch_ref = [], None
+            self.node.stats.incr("hops_to_actor", len(batch))
+            self.node.deliver_batch(key, ref, batch)
 
     def _resolve(self, header: Header, body: bytes, route: Route) -> None:
         """Answer a directory query on the I/O thread itself: no actor, no hop."""

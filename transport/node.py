@@ -26,7 +26,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
-from transport.envelope import Address, Flow, Header, Inbound, Route, is_node_name, new_id, node_of
+from transport.envelope import (
+    Address,
+    Flow,
+    Header,
+    Inbound,
+    InboundBatch,
+    Route,
+    is_node_name,
+    new_id,
+    node_of,
+)
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.io_thread import IoThread
 from transport.messages import SYSTEM_MESSAGES, ErrorReply, Resolve, Resolved
@@ -647,6 +657,17 @@ class Node:
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
             self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
+
+    def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound]) -> None:
+        """Put messages that arrived together for one actor into its mailbox as one item (the actor's
+        class takes ``InboundBatch``); if it has stopped, each one fails as ``deliver_local`` fails it."""
+        try:
+            ref.tell(batch[0] if len(batch) == 1 else InboundBatch(batch))
+        except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
+            self.unregister(actor_key, ref)
+            for inbound in batch:
+                header = inbound.header
+                self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
 
     def reply_of(self, header: Header, body: bytes) -> Reply:
         try:
