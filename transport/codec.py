@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import hashlib
 import math
+import threading
 import types
 import typing
 import uuid
@@ -84,9 +85,19 @@ if tuple(name for name, _ in _HEADER_SLOTS) != Header._fields:  # pragma: no cov
     raise ImportError("codec header slots and envelope.Header fields disagree")
 
 
+# One Packer per thread: ``msgpack.packb`` builds (and allocates a buffer for) a new Packer on every call,
+# which cost more than the packing itself. A Packer is not safe to share between threads (a ``default``
+# hook runs Python code mid-pack); it resets its buffer after every pack, also after an error.
+_packers = threading.local()
+
+
 def encode_header(h: Header) -> bytes:
     # A NamedTuple packs as the array it is: no per-field work.
-    return msgpack.packb(h, use_bin_type=True)  # type: ignore[no-any-return]
+    try:
+        pack = _packers.header
+    except AttributeError:
+        pack = _packers.header = msgpack.Packer(use_bin_type=True).pack
+    return pack(h)  # type: ignore[no-any-return]
 
 
 def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
@@ -153,6 +164,7 @@ class Registry:
         self._by_tag: dict[str, type[Any]] = {}
         self._fields: dict[type[Any], tuple[str, ...]] = {}
         self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
+        self._packers = threading.local()  # see encode_header
         for cls in types_:
             self._add(cls)
         for cls in self._by_tag.values():
@@ -233,7 +245,11 @@ class Registry:
         if names is None or self._by_tag.get(cls.TAG) is not cls:
             raise TypeError(f"{cls.__name__} is not a registered message")
         body = {name: getattr(message, name) for name in names}
-        frame: bytes = msgpack.packb(body, use_bin_type=True, default=self._default)
+        try:
+            pack = self._packers.pack
+        except AttributeError:
+            pack = self._packers.pack = msgpack.Packer(use_bin_type=True, default=self._default).pack
+        frame: bytes = pack(body)
         if len(frame) > self.max_body_bytes:
             raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
         return frame
