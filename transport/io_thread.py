@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import threading
 import weakref
 from collections import OrderedDict
@@ -120,11 +119,11 @@ class IoThread(threading.Thread):
                 elif isinstance(sock, zmq.Socket):
                     self._readable(sock)
             # Drain the outbox after every poll: a wake-up may have been merged with socket events.
-            while True:
-                try:
-                    item = node._outbox.get_nowait()
-                except queue.Empty:
-                    break
+            # This thread is the only reader: not empty() means get_nowait() has an item (no Empty raised
+            # on every turn of the loop).
+            outbox = node._outbox
+            while not outbox.empty():
+                item = outbox.get_nowait()
                 if item[0] == "stop":
                     return
                 self._command(item)
@@ -151,21 +150,25 @@ class IoThread(threading.Thread):
 
     def _drain_router_batch(self, index: int, sock: Sock, curve: bool) -> None:
         # Up to 256 messages per wake-up: fewer polls under load, fair to the other sockets.
-        for _ in range(256):
-            # EVENTS, not recv-until-Again: raising zmq.Again costs more than the message itself.
-            if not readable(sock):
+        for i in range(256):
+            # A zero-timeout poll, not recv-until-Again: raising zmq.Again costs more than the message
+            # itself. The first needs no look: the poll that called us said a message is there.
+            if i and not readable(sock):
                 return
             auth: str | None = None
-            if curve:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                try:
-                    auth = user_id(frames[-1])
-                except ProtocolError:
-                    self.node.stats.incr("unauthenticated")
-                    continue
-                parts = [f.bytes for f in frames]
-            else:
-                parts = recv_frames(sock)
+            try:
+                if curve:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    try:
+                        auth = user_id(frames[-1])
+                    except ProtocolError:
+                        self.node.stats.incr("unauthenticated")
+                        continue
+                    parts = [f.bytes for f in frames]
+                else:
+                    parts = recv_frames(sock)
+            except zmq.Again:
+                return
             if len(parts) != 4 or parts[1]:
                 self.node.stats.incr("malformed")
                 continue
@@ -173,10 +176,13 @@ class IoThread(threading.Thread):
 
     def _drain_dealer(self, name: str, sock: Sock) -> None:
         try:
-            for _ in range(256):
-                if not readable(sock):
+            for i in range(256):
+                if i and not readable(sock):  # see _drain_router_batch
                     return
-                parts = recv_frames(sock)
+                try:
+                    parts = recv_frames(sock)
+                except zmq.Again:
+                    return
                 if len(parts) != 3 or parts[0]:
                     self.node.stats.incr("malformed")
                     continue

@@ -190,9 +190,6 @@ class Channel:
         self.sock = make_dealer(ctx, peer, opts, security)
         self.monitor = self.sock.get_monitor_socket(_MONITOR_EVENTS)
         self.sock.connect(peer.endpoint)
-        self._poller = zmq.Poller()
-        self._poller.register(self.sock, zmq.POLLIN)
-        self._poller.register(self.monitor, zmq.POLLIN)
         self._both = [(self.sock, POLLIN), (self.monitor, POLLIN)]
         # inproc has no ZMTP handshake, so no monitor event ever says it is ready: it is once connected.
         self.ready = peer.endpoint.startswith("inproc://")
@@ -268,20 +265,23 @@ class Channel:
         sock = self.sock
         dropped = False
         while True:
-            # Fast path: the reply is usually already there, or the socket alone tells us when it is.
-            if not readable(sock):
-                if dropped:
-                    # Disconnected, and nothing that arrived before it is left to read: the outcome is
-                    # unknown. (A reply sent just before the peer closed is read first, never lost.)
-                    raise Unavailable(f"{self.peer.name} disconnected with {header.kind} in flight")
-                left = deadline - self._monotonic()
-                if left <= 0:
+            if dropped or (left := deadline - self._monotonic()) <= 0:
+                if not readable(sock):
+                    if dropped:
+                        # Disconnected, and nothing that arrived before it is left to read: the outcome is
+                        # unknown. (A reply sent just before the peer closed is read first, never lost.)
+                        raise Unavailable(f"{self.peer.name} disconnected with {header.kind} in flight")
                     raise Expired(f"{header.kind} to {header.dst}: no reply within the deadline")
-                events = dict(self._poller.poll(max(1, int(left * 1000))))
-                if self.monitor in events and self._monitor():
-                    dropped = True
-                    continue
-                if sock not in events:
+            else:
+                # One zmq_poll on both sockets: it returns at once when a reply is already there (a
+                # stream's next part), so no separate look first; pyzmq's Poller wrapper costs more.
+                sock_ready = False
+                for ready, _ in _zmq_poll(self._both, max(1, int(left * 1000))):
+                    if ready is sock:
+                        sock_ready = True
+                    elif self._monitor():
+                        dropped = True
+                if dropped or not sock_ready:
                     continue
             parts = recv_frames(sock)
             if len(parts) != 3 or parts[0]:
