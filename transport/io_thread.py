@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from transport.codec import encode_header
-from transport.envelope import Header, Inbound, Route, node_of
+from transport.envelope import REPLY_FLOWS, Header, Inbound, Route, node_of
 from transport.errors import NotDelivered, ProtocolError, Unavailable
 from transport.messages import Hello, Resolve, Resolved
 from transport.security import SecurityError, user_id
@@ -58,6 +58,8 @@ class IoThread(threading.Thread):
         self._batch: list[Inbound] = []
         self._batch_ref: Any = None
         self._batch_key = ""
+        self._prefix = f"{node.name}/"  # addresses of this node's actors start so
+        self._directory = node.directory_address
         self.poller = zmq.Poller()
         self._wake_r, self._wake_w = _wake_pair()
         # Closed only when nothing can reach this thread object any more: a wake() racing shutdown must
@@ -151,9 +153,10 @@ class IoThread(threading.Thread):
     def _drain_router_batch(self, index: int, sock: Sock, curve: bool) -> None:
         # Up to 256 messages per wake-up: fewer polls under load, fair to the other sockets.
         for i in range(256):
-            # A zero-timeout poll, not recv-until-Again: raising zmq.Again costs more than the message
-            # itself. The first needs no look: the poll that called us said a message is there.
-            if i and not readable(sock):
+            # The first needs no look: the poll that called us said a message is there. The second gets
+            # a zero-timeout poll: raising zmq.Again costs twice that, so a lone message (a request)
+            # ends its drain the cheap way. Past that it is a burst: read until zmq.Again (below).
+            if i == 1 and not readable(sock):
                 return
             auth: str | None = None
             try:
@@ -177,7 +180,7 @@ class IoThread(threading.Thread):
     def _drain_dealer(self, name: str, sock: Sock) -> None:
         try:
             for i in range(256):
-                if i and not readable(sock):  # see _drain_router_batch
+                if i == 1 and not readable(sock):  # see _drain_router_batch
                     return
                 try:
                     parts = recv_frames(sock)
@@ -196,40 +199,33 @@ class IoThread(threading.Thread):
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
             return
-        if (
-            not header.is_reply
-            and node_of(header.dst) == node.name
-            and header.dst != node.directory_address
-            and self._batched(header, body, route)
-        ):
-            return
+        dst = header.dst
+        # A request or tell for a local actor (node_of(dst) == node.name: addresses were validated).
+        if header.flow not in REPLY_FLOWS and dst.startswith(self._prefix) and dst != self._directory:
+            # Held for an actor that takes batches; the drain that read it hands the batch over (_flush)
+            # before it returns. Anything else is delivered on its own, as before.
+            actor_key = dst[len(self._prefix) :]
+            ref = node.lookup(actor_key)
+            if ref is not None and getattr(getattr(ref, "actor_class", None), "TAKES_INBOUND_BATCH", False):
+                if ref is not self._batch_ref:
+                    self._flush()
+                    self._batch_ref, self._batch_key = ref, actor_key
+                self._batch.append(Inbound(header, body, route))
+                return
         # Whatever is not batched happens in arrival order: what was batched before it goes out first.
         self._flush()
         if header.kind == Hello.TAG:
             self.routes[node_of(header.src)] = route
             return
-        if header.dst == node.directory_address and header.kind == Resolve.TAG:
+        if dst == self._directory and header.kind == Resolve.TAG:
             self._resolve(header, body, route)
             return
-        if node_of(header.dst) != node.name:
+        if node_of(dst) != node.name:
             node.stats.incr("misrouted")
-            node._fail_send(header, NotDelivered(f"{header.dst} is not on node {node.name}"), route)
+            node._fail_send(header, NotDelivered(f"{dst} is not on node {node.name}"), route)
             return
         node.stats.incr("hops_to_actor")
         node.deliver_local(header, body, route)
-
-    def _batched(self, header: Header, body: bytes, route: Route) -> bool:
-        """Hold a message for an actor that takes batches; the drain that read it hands the batch over
-        (``_flush``) before it returns. False: deliver it on its own, as before."""
-        actor_key = header.dst.partition("/")[2]
-        ref = self.node.lookup(actor_key)
-        if ref is None or not getattr(getattr(ref, "actor_class", None), "TAKES_INBOUND_BATCH", False):
-            return False
-        if ref is not self._batch_ref:
-            self._flush()
-            self._batch_ref, self._batch_key = ref, actor_key
-        self._batch.append(Inbound(header, body, route))
-        return True
 
     def _flush(self) -> None:
         batch = self._batch
