@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import pykka
 
 from transport.codec import encode_header
-from transport.envelope import Header, Inbound, Route, node_of
+from transport.envelope import Header, Inbound, InboundBatch, Route, node_of
 from transport.errors import BusError, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
@@ -101,6 +101,8 @@ class BusActor(pykka.ThreadingActor):
     # A direct actor also takes peers' traffic on its own socket (transport/inbox.py): no thread hand-off
     # between a remote caller and the handler. For actors on the hot path of blocking calls.
     DIRECT: ClassVar[bool] = False
+    # The node's I/O thread may hand over a burst of messages as one mailbox item (transport InboundBatch).
+    TAKES_INBOUND_BATCH: ClassVar[bool] = True
 
     def __init__(self, node: Node, address: str) -> None:
         super().__init__()
@@ -180,8 +182,13 @@ class BusActor(pykka.ThreadingActor):
     def _handle_receive(self, message: Any) -> Any:
         # Bus traffic skips pykka's checks for its own system messages (stop, proxy calls): it is the
         # bulk of what an actor receives, and the hot path of every request.
-        if type(message) is Inbound:
+        kind = type(message)
+        if kind is Inbound:
             self._inbound(message)
+            return None
+        if kind is InboundBatch:
+            for inbound in message:
+                self._inbound(inbound)
             return None
         return super()._handle_receive(message)
 

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import hashlib
 import math
+import threading
 import types
 import typing
 import uuid
@@ -84,9 +85,22 @@ if tuple(name for name, _ in _HEADER_SLOTS) != Header._fields:  # pragma: no cov
     raise ImportError("codec header slots and envelope.Header fields disagree")
 
 
+# One Packer per thread: ``msgpack.packb`` builds (and allocates a buffer for) a new Packer on every call,
+# which cost more than the packing itself. A Packer is not safe to share between threads (a ``default``
+# hook runs Python code mid-pack); it resets its buffer after every pack, also after an error.
+_packers = threading.local()
+
+
 def encode_header(h: Header) -> bytes:
     # A NamedTuple packs as the array it is: no per-field work.
-    return msgpack.packb(h, use_bin_type=True)  # type: ignore[no-any-return]
+    try:
+        pack = _packers.header
+    except AttributeError:
+        pack = _packers.header = msgpack.Packer(use_bin_type=True).pack
+    return pack(h)  # type: ignore[no-any-return]
+
+
+_new_tuple = tuple.__new__
 
 
 def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
@@ -101,32 +115,51 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from exc
     if type(raw) is not tuple or len(raw) != _HEADER_LEN:
         raise ProtocolError(f"header is not an array of {_HEADER_LEN} (got a {type(raw).__name__})")
-    # `type(v) in`: a bool never passes as an int. The lengths were checked just above.
-    for value, (name, accepted) in zip(raw, _HEADER_SLOTS, strict=True):
-        if type(value) not in accepted:
-            raise ProtocolError(f"header {name!r} is a {type(value).__name__}")
-    h = Header._make(raw)
-    if type(h.ts) is int or type(h.deadline) is int:  # times are floats in Header; an int is accepted
-        h = h._replace(ts=float(h.ts), deadline=None if h.deadline is None else float(h.deadline))
-    if h.v != FORMAT_VERSION:
-        raise ProtocolError(f"unsupported header format version {h.v!r}")
-    if h.flow not in FLOWS:
-        raise ProtocolError(f"unknown flow {h.flow!r}")
-    if (
-        len(h.id) != 16
-        or (h.corr is not None and len(h.corr) != 16)
-        or (h.cause is not None and len(h.cause) != 16)
+    id_, kind, src, dst, flow, ts, seq, corr, cause, conv, turn, idem, attempt, deadline, auth, v = raw
+    # The shape every node sends, checked in one expression (a subset of what _HEADER_SLOTS accepts);
+    # anything else takes the slot-by-slot check, which names the bad slot and turns int times to floats.
+    # `type(v) is`: a bool never passes as an int.
+    if not (
+        type(id_) is bytes
+        and type(kind) is str
+        and type(src) is str
+        and type(dst) is str
+        and type(flow) is str
+        and type(ts) is float
+        and type(seq) is int
+        and (corr is None or type(corr) is bytes)
+        and (cause is None or type(cause) is bytes)
+        and (conv is None or type(conv) is str)
+        and (turn is None or type(turn) is str)
+        and (idem is None or type(idem) is str)
+        and type(attempt) is int
+        and (deadline is None or type(deadline) is float)
+        and (auth is None or type(auth) is str)
+        and type(v) is int
     ):
+        for value, (name, accepted) in zip(raw, _HEADER_SLOTS, strict=True):
+            if type(value) not in accepted:
+                raise ProtocolError(f"header {name!r} is a {type(value).__name__}")
+        # Times are floats in Header; an int is accepted.
+        ts = float(ts)
+        deadline = None if deadline is None else float(deadline)
+        raw = (id_, kind, src, dst, flow, ts, seq, corr, cause, conv, turn, idem, attempt, deadline, auth, v)
+    if v != FORMAT_VERSION:
+        raise ProtocolError(f"unsupported header format version {v!r}")
+    if flow not in FLOWS:
+        raise ProtocolError(f"unknown flow {flow!r}")
+    if len(id_) != 16 or (corr is not None and len(corr) != 16) or (cause is not None and len(cause) != 16):
         raise ProtocolError("message ids are 16 bytes")
-    if not is_address(h.src) or not is_address(h.dst):
-        raise ProtocolError(f"not an actor address: {h.src!r} -> {h.dst!r}")
-    if not math.isfinite(h.ts) or (h.deadline is not None and not math.isfinite(h.deadline)):
+    if not is_address(src) or not is_address(dst):
+        raise ProtocolError(f"not an actor address: {src!r} -> {dst!r}")
+    if not math.isfinite(ts) or (deadline is not None and not math.isfinite(deadline)):
         raise ProtocolError("header times must be finite")
-    if h.seq < 0 or h.attempt < 1:
+    if seq < 0 or attempt < 1:
         raise ProtocolError("header seq/attempt out of range")
-    if h.corr is None and (h.flow == "reply" or h.flow == "part"):
+    if corr is None and (flow == "reply" or flow == "part"):
         raise ProtocolError("a reply needs 'corr'")
-    return h
+    header: Header = _new_tuple(Header, raw)
+    return header
 
 
 # ------------------------------------------------------------------------------------------------ body
@@ -153,6 +186,7 @@ class Registry:
         self._by_tag: dict[str, type[Any]] = {}
         self._fields: dict[type[Any], tuple[str, ...]] = {}
         self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
+        self._packers = threading.local()  # see encode_header
         for cls in types_:
             self._add(cls)
         for cls in self._by_tag.values():
@@ -233,7 +267,11 @@ class Registry:
         if names is None or self._by_tag.get(cls.TAG) is not cls:
             raise TypeError(f"{cls.__name__} is not a registered message")
         body = {name: getattr(message, name) for name in names}
-        frame: bytes = msgpack.packb(body, use_bin_type=True, default=self._default)
+        try:
+            pack = self._packers.pack
+        except AttributeError:
+            pack = self._packers.pack = msgpack.Packer(use_bin_type=True, default=self._default).pack
+        frame: bytes = pack(body)
         if len(frame) > self.max_body_bytes:
             raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
         return frame

@@ -139,3 +139,11 @@ class Inbound:
     header: Header
     body: bytes
     route: Route | None
+
+
+class InboundBatch(tuple[Inbound, ...]):
+    """Several ``Inbound`` for one actor, put into its mailbox as one item: one hand-off and one wake-up
+    for a burst instead of one per message. Only actors whose class sets ``TAKES_INBOUND_BATCH`` get one;
+    they handle the items in order, exactly as if each had been its own mailbox item."""
+
+    __slots__ = ()

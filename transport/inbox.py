@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
+from zmq.backend import zmq_poll
 
 from transport.envelope import Inbound
 from transport.errors import NotDelivered, ProtocolError
 from transport.security import user_id
-from transport.sockets import Sock, make_router, readable, recv_frames, send_frames
+from transport.sockets import POLLIN, Sock, make_router, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -60,6 +61,7 @@ class SocketInbox:
     def __init__(self, node: Node, actor: str) -> None:
         self._node = node
         self._actor = actor
+        self._address = f"{node.name}/{actor}"
         self._local: collections.deque[Any] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -70,7 +72,8 @@ class SocketInbox:
         self._sleeping = False
         self._sock: Sock | None = None
         self._curve = False
-        self._poller = zmq.Poller()
+        # What get() polls: the wake-up pipe, and the actor's own socket once it has one.
+        self._items: list[tuple[Any, int]] = [(self._wake_r, POLLIN)]
         self._opened = False
         self._closed = False
         self._seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
@@ -91,7 +94,6 @@ class SocketInbox:
     # ------------------------------------------------------------------------ actor thread only
     def _open(self) -> None:
         self._opened = True
-        self._poller.register(self._wake_r, zmq.POLLIN)
         node = self._node
         binds = [e for e in (sibling_endpoint(b, node.name, self._actor) for b in node.endpoints) if e]
         if not binds:
@@ -118,33 +120,37 @@ class SocketInbox:
                 sock.close(0)
             return
         self._sock = sock
-        self._poller.register(sock, zmq.POLLIN)
+        self._items.append((sock, POLLIN))
         node.publish_direct(self._actor, self.endpoints)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if not self._opened:
             self._open()
         sock = self._sock
+        local = self._local
+        items = self._items
+        wake_r = self._wake_r
         socket_ready = False
         while True:
-            if self._local:
-                return self._local.popleft()
-            if sock is not None and (socket_ready or readable(sock)):
+            if local:
+                return local.popleft()
+            if socket_ready:
                 socket_ready = False
-                envelope = self._receive(sock)
+                envelope = self._receive(sock)  # type: ignore[arg-type]  # polled only once it exists
                 if envelope is not None:
                     return envelope
                 continue
+            # No separate look at the socket first: the poll returns at once when a message waits.
             self._sleeping = True
-            if self._local:
+            if local:
                 self._sleeping = False
                 continue
-            events = self._poller.poll(1000)
+            events = zmq_poll(items, 1000)
             self._sleeping = False
             for fd, _ in events:
-                if fd == self._wake_r:  # read the wake-up pipe only when it woke us: a syscall saved
+                if fd == wake_r:  # read the wake-up pipe only when it woke us: a syscall saved
                     with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
+                        os.read(wake_r, 4096)
                 else:
                     socket_ready = True  # the poll said so: no second look before receiving
 
@@ -167,7 +173,7 @@ class SocketInbox:
         header = node.admit(parts[2], auth, self._seq_seen)
         if header is None:
             return None
-        if header.dst != f"{node.name}/{self._actor}":
+        if header.dst != self._address:
             # A peer that took this socket for another actor's: tell it, rather than let it wait out its
             # deadline.
             node.stats.incr("misrouted")

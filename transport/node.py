@@ -26,7 +26,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
-from transport.envelope import Address, Flow, Header, Inbound, Route, is_node_name, new_id, node_of
+from transport.envelope import (
+    FORMAT_VERSION,
+    Address,
+    Flow,
+    Header,
+    Inbound,
+    InboundBatch,
+    Route,
+    is_node_name,
+    new_id,
+    node_of,
+)
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.io_thread import IoThread
 from transport.messages import SYSTEM_MESSAGES, ErrorReply, Resolve, Resolved
@@ -56,6 +67,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
+_SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
+_new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
 
 # A local message every BusActor answers with None once everything before it in its mailbox is handled.
@@ -319,21 +332,28 @@ class Node:
         cause: bytes | None = None,
     ) -> Header:
         now = self.clock()
-        return Header(
-            id=self.ids(),
-            kind=kind,
-            src=src,
-            dst=dst,
-            flow=flow,
-            ts=now,
-            seq=self._next_seq(src, dst) if flow in ("ask", "stream", "tell") else 0,
-            corr=corr,
-            cause=cause,
-            conv=conv,
-            turn=turn,
-            idem=idem,
-            attempt=attempt,
-            deadline=None if timeout is None else now + timeout,
+        # Positional, straight into the tuple: Header(...) with keywords costs twice as much, on a path
+        # every message takes. The order is Header's field order (codec.py checks it at import).
+        return _new_header(
+            Header,
+            (
+                self.ids(),
+                kind,
+                src,
+                dst,
+                flow,
+                now,
+                self._next_seq(src, dst) if flow in _SEQ_FLOWS else 0,
+                corr,
+                cause,
+                conv,
+                turn,
+                idem,
+                attempt,
+                None if timeout is None else now + timeout,
+                None,
+                FORMAT_VERSION,
+            ),
         )
 
     def _next_seq(self, src: str, dst: str) -> int:
@@ -430,7 +450,7 @@ class Node:
         if channels is None:
             channels = self._tls.channels = {}
         channel = channels.get(peer.endpoint)
-        if channel is None or channel.closed or channel.peer != peer:
+        if channel is None or channel.closed or (channel.peer is not peer and channel.peer != peer):
             if channel is not None:
                 channel.close()
             channel = Channel(
@@ -540,9 +560,8 @@ class Node:
         if self.capture is not None:
             self.capture.record("send", src, frames)
         channel = self._channel(direct or peer)
-        channel.drain()
         try:
-            channel.send(frames, min(deadline, self.monotonic() + 1.0) if direct is not None else deadline)
+            channel.tell(frames, min(deadline, self.monotonic() + 1.0) if direct is not None else deadline)
         except NotDelivered as exc:
             if direct is None:
                 self._report_tell_error(exc, header.id)
@@ -647,6 +666,17 @@ class Node:
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
             self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
+
+    def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound]) -> None:
+        """Put messages that arrived together for one actor into its mailbox as one item (the actor's
+        class takes ``InboundBatch``); if it has stopped, each one fails as ``deliver_local`` fails it."""
+        try:
+            ref.tell(batch[0] if len(batch) == 1 else InboundBatch(batch))
+        except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
+            self.unregister(actor_key, ref)
+            for inbound in batch:
+                header = inbound.header
+                self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
 
     def reply_of(self, header: Header, body: bytes) -> Reply:
         try:
