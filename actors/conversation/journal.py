@@ -60,6 +60,8 @@ class Journal:
     def __init__(self, path: Path, *, truncate: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        if not truncate:
+            _mend_tail(path)
         self._file: IO[str] = path.open("w" if truncate else "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
@@ -82,6 +84,27 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _mend_tail(path: Path) -> None:
+    """Before appending: a last line without its newline (the writer was killed mid-write) would have the next
+    record glued onto it, turning a torn last line, which a reader skips, into a broken middle line, which it
+    refuses. A complete record gets its newline; a torn one is cut off (a reader ignores it anyway)."""
+    try:
+        with path.open("rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return
+            cut = data.rfind(b"\n") + 1
+            try:
+                json.loads(data[cut:])["type"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: cutting off a torn last line before appending", path)
+                f.truncate(cut)
+            else:
+                f.write(b"\n")
+    except FileNotFoundError:
+        return
 
 
 @dataclass(frozen=True, slots=True)

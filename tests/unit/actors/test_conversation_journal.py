@@ -70,6 +70,37 @@ def test_a_torn_last_line_is_ignored_and_a_bad_middle_line_is_an_error(tmp_path:
         read_journal(path)
 
 
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        ('{"type": "message_appended", "ind', ("kept", "after")),  # torn: cut off
+        (
+            '{"type":"message_appended","index":1,"message":{"role":"user","content":"whole"}}',
+            ("kept", "whole", "after"),
+        ),
+    ],
+    ids=["torn-record", "record-without-newline"],
+)
+def test_appending_after_a_crash_keeps_the_file_readable(
+    tmp_path: Path, tail: str, expected: tuple[str, ...]
+) -> None:
+    """A resumed session appends to a file whose writer died mid-record: the next record must not be glued
+    onto the unfinished line (that would make a later resume refuse the file), and a complete last record
+    that only lacks its newline is kept."""
+    path = tmp_path / "s.jsonl"
+    journal = Journal(path)
+    journal.event(MessageAppended(message=Message.user("kept"), index=0))
+    journal.close()
+    with path.open("a") as f:
+        f.write(tail)  # the writer died before the newline
+    resumed = Journal(path)
+    index = len(read_journal(path).transcript)
+    resumed.event(MessageAppended(message=Message.user("after"), index=index))
+    resumed.event(MessageAppended(message=Message.user("more"), index=index + 1))
+    resumed.close()
+    assert tuple(m.content for m in read_journal(path).transcript) == (*expected, "more")
+
+
 def test_resume_false_starts_a_fresh_file(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     first = Journal(path)
