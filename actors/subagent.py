@@ -64,7 +64,7 @@ from actors.types import (
     restore_accounting_note,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError
+from transport.errors import BusError, Expired
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, chained, forbid_blocking
@@ -230,6 +230,12 @@ class InvalidRunRequest(BusError, ValueError):
     WIRE = "sa.invalid_request"
 
 
+class RunCancelled(BusError):
+    """The caller cancelled the run (or stopped waiting for it); an open provider turn was accounted for."""
+
+    WIRE = "sa.cancelled"
+
+
 class SubagentHostError(BusError):
     """A host method returned something other than what the ``Host`` protocol says."""
 
@@ -353,6 +359,14 @@ class RunSubagent:
     protocol_reserve_tokens: int = PROTOCOL_RESERVE_TOKENS
 
 
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """Ends a run at its next step boundary (before its next read of the provider or its next tool), the open
+    turn accounted for as interrupted and its receipt recorded once; the run fails with ``RunCancelled``."""
+
+    TAG: ClassVar[str] = "sa.cancel"
+
+
 class SubagentRunActor(BusActor):
     """Runs one ``run`` (SA-01..SA-28, EV-01..EV-06) and stops. Every wait is a continuation."""
 
@@ -374,9 +388,13 @@ class SubagentRunActor(BusActor):
         self._handle_ref: Any = None
         self._handle_op: uuid.UUID | None = None
         self._capture: JsonValue | None = None
+        self._cancelled = False
 
     # ------------------------------------------------------------------------------------ entry
     def handle(self, message: Any, ctx: Context) -> Any:
+        if isinstance(message, CancelRun):
+            self._cancelled = True
+            return None
         if not isinstance(message, RunSubagent):
             raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
         if self._ctx is not None:
@@ -384,6 +402,9 @@ class SubagentRunActor(BusActor):
         if message.protocol_reserve_tokens < 0:
             raise InvalidRunRequest("protocol_reserve_tokens must be at least 0")
         self._ctx, self._request = ctx, message.request
+        if self._cancelled:  # the cancel overtook the run: nothing has started
+            self._fail(RunCancelled("the run was cancelled before it started"))
+            return DEFER
         self._host, self._router = message.host, message.router
         self._reserve = message.protocol_reserve_tokens
         self._projection = Projection(tuple(message.request.context), message.request.task)
@@ -543,6 +564,9 @@ class SubagentRunActor(BusActor):
 
     # --------------------------------------------------------------------------------- events
     def _next(self) -> None:
+        if self._cancelled:
+            self._abort(RunCancelled("the run was cancelled"))
+            return
         self._call_handle(NextEvent(), self._on_event)
 
     def _on_event(self, reply: Reply) -> None:
@@ -554,6 +578,8 @@ class SubagentRunActor(BusActor):
                 self._abort(ProviderEndedError("the provider stream ended without a final answer"))
             case SessionInferenceEvent.ProviderInput() | SessionInferenceEvent.UsageUpdated():
                 self._next()
+            case SessionInferenceEvent.ToolCall() if self._cancelled:  # no new tool after a cancel
+                self._abort(RunCancelled("the run was cancelled"))
             case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):
                 if isinstance(call, ToolCallError):
                     self._invalid(call_id, call)
@@ -827,12 +853,30 @@ def run_future(
     protocol_reserve_tokens: int = PROTOCOL_RESERVE_TOKENS,
     run_on: Node | None = None,
 ) -> concurrent.futures.Future[Any]:
-    """Spawn a ``SubagentRunActor`` (on ``run_on``, default ``node``); resolves with the ``RunResult``."""
+    """Spawn a ``SubagentRunActor`` (on ``run_on``, default ``node``); resolves with the ``RunResult``.
+
+    Cancelling the returned future, or its ``timeout`` running out, sends the run ``CancelRun``: it stops at
+    its next step boundary instead of going on for nobody (its open turn accounted for, the receipt recorded
+    once)."""
     where = run_on or node
     name = f"subagent.{uuid.uuid4().hex}"
     where.spawn(SubagentRunActor, name)
+    address = f"{where.name}/{name}"
+
+    def tell_cancel() -> None:
+        # Through the node's I/O thread (never a blocking connect on whichever thread cancels). A cancel that
+        # overtakes the run request still counts: the run then stops at its first step boundary.
+        try:
+            node.tell(address, CancelRun(), src=node.client_address(via_node=True))
+        except BusError as exc:  # the run is gone or unreachable: nothing left to stop
+            log.info("cancelling %s: %r", address, exc)
+
+    def expired(fut: concurrent.futures.Future[Any]) -> None:
+        if isinstance(fut.exception(), Expired):
+            tell_cancel()
+
     inner = node.request_future(
-        f"{where.name}/{name}",
+        address,
         RunSubagent(
             request=request,
             host=host_address,
@@ -841,7 +885,10 @@ def run_future(
         ),
         timeout=timeout,
     )
-    return chained(inner, error=restore_accounting_note)
+    inner.add_done_callback(expired)
+    outer = chained(inner, error=restore_accounting_note)
+    outer.add_done_callback(lambda fut: tell_cancel() if fut.cancelled() else None)
+    return outer
 
 
 def run(
@@ -883,8 +930,10 @@ SUBAGENT_MESSAGES = (
     HostCompleteCapture,
     HostRecord,
     RunSubagent,
+    CancelRun,
 )
 SUBAGENT_ERRORS: tuple[type[BusError], ...] = (
+    RunCancelled,
     ContextCapacityError,
     EmptyAnswerError,
     EmptyCaptureError,

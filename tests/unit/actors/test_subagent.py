@@ -880,3 +880,56 @@ def test_a_negative_reserve_is_refused_before_anything_happens(
         runtime.run(request(), "n1/host", timeout=WAIT, protocol_reserve_tokens=-1)
     assert isinstance(err.value, ValueError)
     assert host.trace == [] and provider.turns == []
+
+
+class HeldTool:
+    """A host tool whose outcome the test releases; records when the run's receipt has been recorded."""
+
+    def __init__(self, host: RecordingHost) -> None:
+        import concurrent.futures
+        import threading
+
+        self.outcome: concurrent.futures.Future[ToolOutcome] = concurrent.futures.Future()
+        self.started = threading.Event()
+        self.receipt_recorded = threading.Event()
+        plain = host.record
+
+        def record(event: Any) -> None:
+            plain(event)
+            if isinstance(event, AuditEvent.ProviderReceipt):
+                self.receipt_recorded.set()
+
+        host.record = record  # type: ignore[method-assign]
+        host.outcomes["slow"] = self.execute
+
+    def execute(self, call: ToolCall, budget: ContextBudget) -> Any:
+        self.started.set()
+        return self.outcome
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_a_run_the_caller_gave_up_on_stops_at_its_next_step(
+    runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider, how: str
+) -> None:
+    """SA-28 applied to the caller: cancelling run_future, or its timeout running out, sends the run a
+    CancelRun; once the running tool's outcome is in, the run reads nothing more from the provider and runs
+    no further tool: the open turn is accounted for as interrupted, its receipt recorded exactly once."""
+    from transport.errors import Expired
+
+    held = HeldTool(host)
+    provider.add([call("c1", "slow"), call("c2", "slow"), {"text": "never"}])
+    future = runtime.run_future(
+        request(), "n1/host", timeout=WAIT if how == "cancel" else 0.5, protocol_reserve_tokens=RESERVE
+    )
+    assert held.started.wait(WAIT)
+    if how == "cancel":
+        assert future.cancel()
+    else:
+        with pytest.raises(Expired):
+            future.result(WAIT)
+    held.outcome.set_result(ToolOutcome.success("done"))
+    assert held.receipt_recorded.wait(WAIT)
+    (receipt,) = host.events(AuditEvent.ProviderReceipt)
+    assert receipt.receipt.status == "interrupted"
+    assert [e[1] for e in host.trace if e[0] == "execute_tool"] == ["slow"]  # c2 never ran
+    assert not host.events(AuditEvent.Completed)
