@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
+from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
+from actors.nodes import registry
 
 pytestmark = pytest.mark.integration
 T = 20.0
@@ -138,6 +140,29 @@ def test_child_exit_mid_turn_carries_its_stderr(tmp_path: Path) -> None:
         with pytest.raises(AdapterError) as err:
             adapter.start_turn("k", "again", timeout=T)
         assert err.value.kind is ErrorKind.UNAVAILABLE
+
+
+def test_a_child_that_stops_reading_stdin_cannot_block_the_actor(tmp_path: Path, make_node: Any) -> None:
+    """MB-01, AD-18: a turn/start bigger than the pipe buffer to a child that no longer reads its stdin: the
+    actor keeps answering, the start fails UNAVAILABLE once the write is stuck, the child is killed and a
+    node stop completes."""
+    exe, _ = scripted(tmp_path, "deaf")
+    node = make_node("deaf", registry=registry())
+    launch = LaunchOptions(write_timeout=0.5)
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, launch=launch, timeout=T)
+    (pid,) = codex_children()
+    started = adapter.start_turn_future("k", "x" * (512 * 1024), timeout=T)
+    assert adapter.diagnostics(timeout=T) == b""  # answered while the write is pending
+    with pytest.raises(AdapterError) as err:
+        started.result(T)
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert "stopped reading its stdin" in err.value.message
+    assert adapter.diagnostics(timeout=T) == b""
+    with pytest.raises(AdapterError) as again:
+        adapter.start_turn("k", "more", timeout=T)
+    assert again.value.kind is ErrorKind.UNAVAILABLE
+    node.stop()
+    assert not Path(f"/proc/{pid}").exists()
 
 
 def _drain(turn: Any) -> list[Any]:
