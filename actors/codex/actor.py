@@ -191,6 +191,8 @@ class CodexAdapterActor(BusActor):
         # Lines for the writer thread, in order; None closes the child's stdin (its clean shutdown).
         self._writes: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
+        self._reap_timer: threading.Timer | None = None  # kills a child that outlives its close
+        self._reaped = False
         self._stderr = bytearray()
         self._ready = False
         self._closing = False
@@ -277,6 +279,11 @@ class CodexAdapterActor(BusActor):
     def on_local(self, message: Any) -> Any:
         if isinstance(message, ChildOutput):
             self._child_output(message)
+            return None
+        if isinstance(message, _ReapDue):
+            if not self._exited:  # closed REAP_TIMEOUT ago and still running: its exit follows the kill
+                log.warning("%s: codex app-server ignored the close; killed", self.address)
+                self._kill()
             return None
         return super().on_local(message)
 
@@ -829,6 +836,17 @@ class CodexAdapterActor(BusActor):
         self._writes.put(None)
         if self._exited:
             self._finish_close()
+        elif self._proc is not None:
+            timer = self._reap_timer = threading.Timer(REAP_TIMEOUT, self._reap_due)
+            timer.daemon = True
+            timer.start()
+
+    def _reap_due(self) -> None:
+        """The reap timer's thread: into the mailbox (not captured: only the exit it causes is)."""
+        try:
+            self.actor_ref.tell(_ReapDue())
+        except Exception:  # noqa: BLE001 - the actor stopped meanwhile: it reaped the child
+            log.debug("%s: reap timer after stop", self.address)
 
     def _finish_close(self) -> None:
         if self._stopping:
@@ -848,7 +866,14 @@ class CodexAdapterActor(BusActor):
                 proc.kill()
 
     def _reap(self) -> bytes:
-        """Close stdin (the app-server's clean shutdown), wait a bounded time, then kill; always reaped."""
+        """Close stdin (the app-server's clean shutdown), wait a bounded time, then kill; always reaped.
+        Runs once (close, stop and failure may each ask)."""
+        if self._reaped:
+            return b""
+        self._reaped = True
+        timer = self._reap_timer
+        if timer is not None:
+            timer.cancel()
         proc = self._proc
         if proc is None:
             self._remove_home()
@@ -877,9 +902,9 @@ class CodexAdapterActor(BusActor):
             self._home = None
 
     def on_stop(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._reap()
+        # Also when a close is under way (the child may not have exited yet): the child and its home go now.
+        self._closing = True
+        self._reap()
         for turn in self._turns.values():
             for ctx in turn.waiters:
                 if not ctx.done:
@@ -891,6 +916,11 @@ class CodexAdapterActor(BusActor):
         self._closing = True
         self._reap()
         super().on_failure(exception_type, exception_value, traceback)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReapDue:
+    """Local only: REAP_TIMEOUT passed since the close; a child still running is killed."""
 
 
 def _add_usage(total: TokenUsage | None, last: dict[str, Any]) -> TokenUsage:

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
+import actors.codex.actor as codex_actor
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
 from actors.nodes import registry
+from transport.errors import Expired
 
 pytestmark = pytest.mark.integration
 T = 20.0
@@ -163,6 +165,37 @@ def test_a_child_that_stops_reading_stdin_cannot_block_the_actor(tmp_path: Path,
     assert again.value.kind is ErrorKind.UNAVAILABLE
     node.stop()
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_node_stop_during_a_close_reaps_the_child_and_its_home(tmp_path: Path, make_node: Any) -> None:
+    """AD-17: a child that ignores the EOF keeps a close pending; stopping the node then still kills and
+    reaps it and removes its private CODEX_HOME."""
+    exe, log = scripted(tmp_path, "ignore-eof")
+    node = make_node("late", registry=registry())
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)
+    (pid,) = codex_children()
+    home = Path(Path(f"{log}.home").read_text())
+    assert home.name.startswith("kbus-codex-") and home.is_dir()
+    with pytest.raises(Expired):
+        adapter.close(timeout=0.5)
+    node.stop()
+    assert not Path(f"/proc/{pid}").exists()
+    assert not home.exists()
+
+
+def test_a_child_that_ignores_the_close_is_killed_after_the_reap_timeout(
+    tmp_path: Path, make_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AD-17: close ends even when the child ignores the EOF on its stdin: it is killed REAP_TIMEOUT later."""
+    monkeypatch.setattr(codex_actor, "REAP_TIMEOUT", 0.3)
+    exe, log = scripted(tmp_path, "ignore-eof")
+    node = make_node("ignore", registry=registry())
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)
+    (pid,) = codex_children()
+    home = Path(Path(f"{log}.home").read_text())
+    adapter.close(timeout=T)
+    assert not Path(f"/proc/{pid}").exists()
+    assert not home.exists()
 
 
 def _drain(turn: Any) -> list[Any]:
