@@ -526,12 +526,16 @@ class CodexAdapterActor(BusActor):
             if isinstance(event, Done | ErrorEvent):
                 turn.terminal_delivered = True
                 if not turn.waiters:
+                    # Waiting before the forget: if that was the last holder, the close it starts may end at
+                    # once (the child had exited) and answers the caller then, or once the child is reaped.
+                    waiter = (ctx, event)
+                    self._close_waiters.append(waiter)
                     self._forget(turn)
-                    if self._closing:  # that was the last holder: the caller hears the end once reaped
-                        self._close_waiters.append((ctx, event))
-                        if self._exited:
-                            self._finish_close()
+                    if waiter not in self._close_waiters:  # answered: the close ended at once
                         continue
+                    if self._closing and not self._stopping:
+                        continue
+                    self._close_waiters.remove(waiter)
             ctx.reply(event)
         if turn.state == "abandoned" or turn.terminal_delivered:
             self._forget(turn)

@@ -198,6 +198,19 @@ def test_a_child_that_ignores_the_close_is_killed_after_the_reap_timeout(
     assert not home.exists()
 
 
+def test_the_last_terminal_event_after_the_child_exited_reaches_its_caller(tmp_path: Path) -> None:
+    """TU-02, AD-17: the handle is closed while the turn runs and the child exits mid-turn; taking the turn's
+    terminal event then closes the adapter and the caller still gets that event."""
+    exe, _ = scripted(tmp_path, "exit-mid-turn")
+    adapter = Adapter.open(weather_config(tmp_path, exe), timeout=T)
+    turn = adapter.start_turn("k", "go", timeout=T)
+    adapter.close(timeout=T)  # the live turn keeps the child
+    assert turn.next_event(timeout=T) == TextDelta("hi")
+    event = turn.next_event(timeout=T)
+    assert isinstance(event, ErrorEvent) and event.error.kind is ErrorKind.UNAVAILABLE
+    assert turn.next_event(timeout=T) is None
+
+
 def _drain(turn: Any) -> list[Any]:
     events = []
     while (event := turn.next_event(timeout=T)) is not None:
