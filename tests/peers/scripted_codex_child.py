@@ -2,7 +2,8 @@
 """A scripted stand-in for ``codex app-server``, only for what the real binary cannot be made to do:
 garbage on stdout, an exit during the handshake, a JSON-RPC error to ``initialize`` or ``turn/start``,
 chosen stderr bytes, a child that stops reading its stdin after ``thread/start`` (``deaf``), a child that
-ignores the EOF on its stdin and keeps running (``ignore-eof``). It writes its CODEX_HOME to ``LOG.home``.
+ignores the EOF on its stdin and keeps running (``ignore-eof``), one that never answers ``initialize``
+(``mute``). It writes its CODEX_HOME to ``LOG.home``.
 Usage: ``scripted_codex_child.py MODE LOG app-server [flags...]``; every frame it reads is appended to LOG
 (one JSON line each). Otherwise it speaks the Appendix B subset: a turn streams the delta "hi" and completes.
 """
@@ -37,6 +38,8 @@ def main() -> None:
             log.write(json.dumps(frame) + "\n")
         method, rid = frame.get("method"), frame.get("id")
         if method == "initialize":
+            if mode == "mute":
+                continue
             if mode == "garbage-init":
                 out.write("not json\n")
                 out.flush()
