@@ -29,6 +29,7 @@ from actors.router.messages import (
     ProviderFailed,
     ProviderUnavailable,
     StartTurn,
+    SubmitInput,
     TurnCompleted,
     TurnInput,
     TurnTextDelta,
@@ -49,6 +50,7 @@ from actors.session import (
 )
 from actors.types import CALL_KTOOL, AgentProvider, TokenUsage, ToolCall, ToolCallError, ToolResult
 from transport import Peer
+from transport.errors import ProtocolError
 from transport.node import Node
 
 pytestmark = pytest.mark.integration
@@ -161,6 +163,24 @@ def test_a_turn_with_text_and_a_tool_call_gives_one_receipt(
     assert CALL_KTOOL in [t.get("name") for t in tools]
     assert "You are a weather assistant." in str(requests[0]["body"].get("input", ""))
     assert [(o["call_id"], o["output"]) for o in function_outputs(requests[1])] == [("call_w1", "Sunny, 21C")]
+
+
+def test_submit_input_on_a_codex_turn_is_refused_with_a_typed_error(
+    router: Callable[[list[dict[str, Any]]], tuple[Node, RouterClient, ModelServer]],
+) -> None:
+    """The codex thread keeps the turn's conversation, so a re-rendered input cannot reach the model: the
+    Router refuses SubmitInput with ProtocolError (instead of answering Ok and dropping it); the turn goes
+    on as before."""
+    node, client, server = router(TOOL_TURN)
+    op = start_turn(client, "Weather in Paris?")
+    events = client.events(op, timeout=WAIT)
+    call = next(e for e in events if isinstance(e, TurnToolCall))
+    with pytest.raises(ProtocolError, match="SubmitInput is not supported"):
+        node.request("n1/router", SubmitInput(operation_id=op, input="a re-rendered input"), timeout=WAIT)
+    client.respond(op, call.call_id, ToolResult(success=True, output="Sunny, 21C"), timeout=WAIT)
+    done = [e for e in events if isinstance(e, TurnCompleted)]
+    assert [d.answer for d in done] == ["Sunny in Paris."]
+    assert "a re-rendered input" not in str(server.requests())
 
 
 def test_the_receipt_carries_the_turns_token_usage(

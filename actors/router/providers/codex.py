@@ -123,6 +123,9 @@ class CodexProvider:
     """A client for the Codex app-server: one adapter (child) per distinct thread configuration."""
 
     name = "codex"
+    # The native Codex thread keeps the conversation of a turn: a re-rendered input (Router SubmitInput)
+    # cannot replace it, so the Router refuses SubmitInput for this provider instead of ignoring it.
+    takes_input = False
 
     def __init__(
         self,
