@@ -7,8 +7,9 @@ its stdout lines and stderr chunks into ``ChildOutput`` tells to this actor (a c
 deliveries, so a replay feeds them back), and every JSON-RPC request is a continuation keyed by its id.
 What the actor writes to the child goes through ``Node.effect`` keyed by the written line, so a replay
 checks every write without a child; the line itself is queued for a writer thread, whose write is bounded
-(``LaunchOptions.write_timeout``: a child that stops reading its stdin is killed, its turns end UNAVAILABLE). The child is closed and reaped when the last handle is released and
-no turn is left unfinished, or when the actor stops (node stop).
+(``LaunchOptions.write_timeout``: a child that stops reading its stdin is killed, its turns end UNAVAILABLE).
+The child is closed and reaped when the last handle is released and no turn is left unfinished, or when
+the actor stops (node stop).
 """
 
 from __future__ import annotations
