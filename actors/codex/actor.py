@@ -6,8 +6,10 @@ would merge it into the active turn, CODEX.md). Nothing here blocks on the child
 its stdout lines and stderr chunks into ``ChildOutput`` tells to this actor (a capture records them as
 deliveries, so a replay feeds them back), and every JSON-RPC request is a continuation keyed by its id.
 What the actor writes to the child goes through ``Node.effect`` keyed by the written line, so a replay
-checks every write without a child. The child is closed and reaped when the last handle is released and
-no turn is left unfinished, or when the actor stops (node stop).
+checks every write without a child; the line itself is queued for a writer thread, whose write is bounded
+(``LaunchOptions.write_timeout``: a child that stops reading its stdin is killed, its turns end UNAVAILABLE).
+The child is closed and reaped when the last handle is released and no turn is left unfinished, or when
+the actor stops (node stop).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import contextlib
 import json
 import logging
 import os
+import queue
+import select
 import shutil
 import subprocess
 import tempfile
@@ -96,6 +100,9 @@ class LaunchOptions:
     codex_home: str | None = None
     stream_idle_timeout_ms: int = 30_000
     context_window: int = 100_000
+    # A write to the child's stdin that makes no progress for this long means the child stopped reading:
+    # it is killed and its turns end UNAVAILABLE.
+    write_timeout: float = 30.0
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
@@ -177,12 +184,17 @@ class CodexAdapterActor(BusActor):
         validate_config(config)
         self.config = config
         self.launch = launch or LaunchOptions()
-        # The reader threads' sender addresses (one per thread: each numbers its own tells).
-        self.child_srcs = (f"{address}.stdout", f"{address}.stderr")
+        # The reader and writer threads' sender addresses (one per thread: each numbers its own tells).
+        self.child_srcs = (f"{address}.stdout", f"{address}.stderr", f"{address}.stdin")
         self.refs = 1
         self._proc: subprocess.Popen[bytes] | None = None
         self._home: str | None = None  # a CODEX_HOME this actor made (removed when the child is reaped)
         self._readers: list[threading.Thread] = []
+        # Lines for the writer thread, in order; None closes the child's stdin (its clean shutdown).
+        self._writes: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._reap_timer: threading.Timer | None = None  # kills a child that outlives its close
+        self._reaped = False
         self._stderr = bytearray()
         self._ready = False
         self._closing = False
@@ -244,9 +256,12 @@ class CodexAdapterActor(BusActor):
         assert proc.stdout is not None and proc.stderr is not None
         err = threading.Thread(target=self._read_stderr, args=(proc.stderr,), daemon=True)
         out = threading.Thread(target=self._read_stdout, args=(proc, err), daemon=True)
+        writer = threading.Thread(target=self._write_loop, args=(proc,), daemon=True)
         self._readers = [err, out]
+        self._writer = writer
         err.start()
         out.start()
+        writer.start()
         return b"ok"
 
     # ------------------------------------------------------------------ reader threads (not the actor)
@@ -258,7 +273,7 @@ class CodexAdapterActor(BusActor):
             if self.node.capture is None:
                 self.actor_ref.tell(message)
             else:
-                src = self.child_srcs[1 if message.stream == "stderr" else 0]
+                src = self.child_srcs[{"stderr": 1, "stuck": 2}.get(message.stream, 0)]
                 self.node.tell(self.address, message, src=src)
         except Exception:  # noqa: BLE001 - the actor or node is stopping: nobody is left to tell
             log.debug("%s: child output after stop dropped", self.address)
@@ -266,6 +281,11 @@ class CodexAdapterActor(BusActor):
     def on_local(self, message: Any) -> Any:
         if isinstance(message, ChildOutput):
             self._child_output(message)
+            return None
+        if isinstance(message, _ReapDue):
+            if not self._exited:  # closed REAP_TIMEOUT ago and still running: its exit follows the kill
+                log.warning("%s: codex app-server ignored the close; killed", self.address)
+                self._kill()
             return None
         return super().on_local(message)
 
@@ -304,6 +324,32 @@ class CodexAdapterActor(BusActor):
             proc.kill()
             code = proc.wait()
         self._post(ChildOutput(stream="exit", code=code))
+
+    def _write_loop(self, proc: subprocess.Popen[bytes]) -> None:
+        """The writer thread: the queued lines in order, each write bounded. A write that makes no progress
+        for ``write_timeout`` is reported (``stuck``) and the thread ends; a failed write (the child is
+        gone: its exit arrives from the stdout reader) ends it too. It owns stdin and closes it at its end."""
+        pipe = proc.stdin
+        assert pipe is not None
+        try:
+            fd = pipe.fileno()
+            os.set_blocking(fd, False)
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            limit_ms = max(1, int(self.launch.write_timeout * 1000))
+            while (line := self._writes.get()) is not None:
+                view = memoryview(line)
+                while view:
+                    with contextlib.suppress(BlockingIOError):
+                        view = view[os.write(fd, view) :]
+                    if view and not poller.poll(limit_ms):
+                        self._post(ChildOutput(stream="stuck", data=line[:200]))
+                        return
+        except (OSError, ValueError):
+            return
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
 
     # ------------------------------------------------------------------------------------- handlers
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -482,12 +528,16 @@ class CodexAdapterActor(BusActor):
             if isinstance(event, Done | ErrorEvent):
                 turn.terminal_delivered = True
                 if not turn.waiters:
+                    # Waiting before the forget: if that was the last holder, the close it starts may end at
+                    # once (the child had exited) and answers the caller then, or once the child is reaped.
+                    waiter = (ctx, event)
+                    self._close_waiters.append(waiter)
                     self._forget(turn)
-                    if self._closing:  # that was the last holder: the caller hears the end once reaped
-                        self._close_waiters.append((ctx, event))
-                        if self._exited:
-                            self._finish_close()
+                    if waiter not in self._close_waiters:  # answered: the close ended at once
                         continue
+                    if self._closing and not self._stopping:
+                        continue
+                    self._close_waiters.remove(waiter)
             ctx.reply(event)
         if turn.state == "abandoned" or turn.terminal_delivered:
             self._forget(turn)
@@ -589,6 +639,8 @@ class CodexAdapterActor(BusActor):
                 del buf[: len(buf) - MAX_DIAGNOSTICS]
         elif message.stream == "exit":
             self._on_exit(message.code)
+        elif message.stream == "stuck":
+            self._on_stuck()
         else:
             self._on_line(message.data)
 
@@ -721,6 +773,17 @@ class CodexAdapterActor(BusActor):
             return
         self._fail_child(self._error(ErrorKind.UNAVAILABLE, f"codex app-server exited (code {code})"))
 
+    def _on_stuck(self) -> None:
+        """The child stopped reading its stdin: it is killed, its turns end UNAVAILABLE (AD-18)."""
+        log.warning("%s: codex app-server stopped reading its stdin", self.address)
+        error = self._error(
+            ErrorKind.UNAVAILABLE,
+            f"codex app-server stopped reading its stdin (a write made no progress for "
+            f"{self.launch.write_timeout:g} s); it was killed",
+        )
+        self._kill()
+        self._fail_child(error)
+
     def _fail_child(self, error: AdapterError) -> None:
         """AD-18: the child is gone; every turn in flight ends UNAVAILABLE, later starts fail."""
         if self._failure is not None:
@@ -760,14 +823,10 @@ class CodexAdapterActor(BusActor):
         self.node.effect(self.address, b"stdin " + line, lambda: self._write_now(line))
 
     def _write_now(self, line: bytes) -> bytes:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
+        """Queued for the writer thread: the actor never blocks on the child's stdin."""
+        if self._proc is None or self._writer is None:
             return b"no child"
-        try:
-            proc.stdin.write(line)
-            proc.stdin.flush()
-        except (OSError, ValueError) as exc:  # the child is going: its exit arrives as a message
-            return f"write failed: {exc}".encode()
+        self._writes.put(line)
         return b""
 
     # ------------------------------------------------------------------------------------ closing
@@ -779,12 +838,21 @@ class CodexAdapterActor(BusActor):
         self._closing = True
         # Closing stdin is the app-server's clean shutdown; its exit arrives as a message (the reader thread
         # reaps it, killing it if it lingers), and only then is the actor done: the mailbox never waits.
-        proc = self._proc
-        if proc is not None and proc.stdin is not None:
-            with contextlib.suppress(OSError, ValueError):
-                proc.stdin.close()
+        # The writer thread closes it after the lines queued before.
+        self._writes.put(None)
         if self._exited:
             self._finish_close()
+        elif self._proc is not None:
+            timer = self._reap_timer = threading.Timer(REAP_TIMEOUT, self._reap_due)
+            timer.daemon = True
+            timer.start()
+
+    def _reap_due(self) -> None:
+        """The reap timer's thread: into the mailbox (not captured: only the exit it causes is)."""
+        try:
+            self.actor_ref.tell(_ReapDue())
+        except Exception:  # noqa: BLE001 - the actor stopped meanwhile: it reaped the child
+            log.debug("%s: reap timer after stop", self.address)
 
     def _finish_close(self) -> None:
         if self._stopping:
@@ -804,12 +872,20 @@ class CodexAdapterActor(BusActor):
                 proc.kill()
 
     def _reap(self) -> bytes:
-        """Close stdin (the app-server's clean shutdown), wait a bounded time, then kill; always reaped."""
+        """Close stdin (the app-server's clean shutdown), wait a bounded time, then kill; always reaped.
+        Runs once (close, stop and failure may each ask)."""
+        if self._reaped:
+            return b""
+        self._reaped = True
+        timer = self._reap_timer
+        if timer is not None:
+            timer.cancel()
         proc = self._proc
         if proc is None:
             self._remove_home()
             return b""
-        if proc.stdin is not None:
+        self._writes.put(None)  # the writer thread closes stdin after what was queued before
+        if self._writer is None and proc.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 proc.stdin.close()
         try:
@@ -817,7 +893,7 @@ class CodexAdapterActor(BusActor):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        for reader in self._readers:
+        for reader in [*self._readers, *([self._writer] if self._writer is not None else [])]:
             reader.join(REAP_TIMEOUT)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
@@ -832,9 +908,9 @@ class CodexAdapterActor(BusActor):
             self._home = None
 
     def on_stop(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._reap()
+        # Also when a close is under way (the child may not have exited yet): the child and its home go now.
+        self._closing = True
+        self._reap()
         for turn in self._turns.values():
             for ctx in turn.waiters:
                 if not ctx.done:
@@ -846,6 +922,11 @@ class CodexAdapterActor(BusActor):
         self._closing = True
         self._reap()
         super().on_failure(exception_type, exception_value, traceback)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReapDue:
+    """Local only: REAP_TIMEOUT passed since the close; a child still running is killed."""
 
 
 def _add_usage(total: TokenUsage | None, last: dict[str, Any]) -> TokenUsage:

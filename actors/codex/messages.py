@@ -95,10 +95,11 @@ class DiagnosticsReply:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChildOutput:
-    """One stdout line, one stderr chunk, or the child's exit (``code``), from the reader threads."""
+    """One stdout line, one stderr chunk, or the child's exit (``code``), from the reader threads; or
+    ``stuck``: the writer thread's write to the child's stdin made no progress for the write timeout."""
 
     TAG: ClassVar[str] = "codex.child"
-    stream: Literal["stdout", "stderr", "exit"]
+    stream: Literal["stdout", "stderr", "exit", "stuck"]
     data: bytes = b""
     code: int | None = None
 

@@ -87,6 +87,7 @@ from actors.types import (
     ToolResult,
     UsageReceipt,
 )
+from transport.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,7 @@ class _Turn:
     failure: RouterError | None = None  # terminal error waiting to be reported
     timer: threading.Timer | None = None
     prices: Any = None
+    takes_input: bool = True  # the provider applies SubmitInput (a provider says otherwise: takes_input)
 
     @property
     def done(self) -> bool:
@@ -269,6 +271,11 @@ class RouterActor(BusActor):
                 turn = self._turn(op)
                 if turn.done:
                     raise TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
+                if not turn.takes_input:  # stored, never read: the caller's edits would not reach the model
+                    raise ProtocolError(
+                        f"model {turn.spec.model!r} runs on a provider that cannot take a re-rendered input: "
+                        f"SubmitInput is not supported (operation {op})"
+                    )
                 turn.io.submit_input(text)
                 return None
             case CountTokens(model=model, texts=texts):
@@ -331,6 +338,7 @@ class RouterActor(BusActor):
             io,
             self._clock_ms(),
             prices=getattr(entry, "prices", None),
+            takes_input=getattr(provider, "takes_input", True) is not False,
         )
         self._turns[op] = turn
         self._children[spec.parent_operation_id].add(op)

@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
+import actors.codex.actor as codex_actor
+from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
+from actors.nodes import registry
+from transport.errors import Expired
 
 pytestmark = pytest.mark.integration
 T = 20.0
@@ -138,6 +142,73 @@ def test_child_exit_mid_turn_carries_its_stderr(tmp_path: Path) -> None:
         with pytest.raises(AdapterError) as err:
             adapter.start_turn("k", "again", timeout=T)
         assert err.value.kind is ErrorKind.UNAVAILABLE
+
+
+def test_a_child_that_stops_reading_stdin_cannot_block_the_actor(tmp_path: Path, make_node: Any) -> None:
+    """MB-01, AD-18: a turn/start bigger than the pipe buffer to a child that no longer reads its stdin: the
+    actor keeps answering, the start fails UNAVAILABLE once the write is stuck, the child is killed and a
+    node stop completes."""
+    exe, _ = scripted(tmp_path, "deaf")
+    node = make_node("deaf", registry=registry())
+    launch = LaunchOptions(write_timeout=0.5)
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, launch=launch, timeout=T)
+    (pid,) = codex_children()
+    started = adapter.start_turn_future("k", "x" * (512 * 1024), timeout=T)
+    assert adapter.diagnostics(timeout=T) == b""  # answered while the write is pending
+    with pytest.raises(AdapterError) as err:
+        started.result(T)
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert "stopped reading its stdin" in err.value.message
+    assert adapter.diagnostics(timeout=T) == b""
+    with pytest.raises(AdapterError) as again:
+        adapter.start_turn("k", "more", timeout=T)
+    assert again.value.kind is ErrorKind.UNAVAILABLE
+    node.stop()
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_node_stop_during_a_close_reaps_the_child_and_its_home(tmp_path: Path, make_node: Any) -> None:
+    """AD-17: a child that ignores the EOF keeps a close pending; stopping the node then still kills and
+    reaps it and removes its private CODEX_HOME."""
+    exe, log = scripted(tmp_path, "ignore-eof")
+    node = make_node("late", registry=registry())
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)
+    (pid,) = codex_children()
+    home = Path(Path(f"{log}.home").read_text())
+    assert home.name.startswith("kbus-codex-") and home.is_dir()
+    with pytest.raises(Expired):
+        adapter.close(timeout=0.5)
+    node.stop()
+    assert not Path(f"/proc/{pid}").exists()
+    assert not home.exists()
+
+
+def test_a_child_that_ignores_the_close_is_killed_after_the_reap_timeout(
+    tmp_path: Path, make_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AD-17: close ends even when the child ignores the EOF on its stdin: it is killed REAP_TIMEOUT later."""
+    monkeypatch.setattr(codex_actor, "REAP_TIMEOUT", 0.3)
+    exe, log = scripted(tmp_path, "ignore-eof")
+    node = make_node("ignore", registry=registry())
+    adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)
+    (pid,) = codex_children()
+    home = Path(Path(f"{log}.home").read_text())
+    adapter.close(timeout=T)
+    assert not Path(f"/proc/{pid}").exists()
+    assert not home.exists()
+
+
+def test_the_last_terminal_event_after_the_child_exited_reaches_its_caller(tmp_path: Path) -> None:
+    """TU-02, AD-17: the handle is closed while the turn runs and the child exits mid-turn; taking the turn's
+    terminal event then closes the adapter and the caller still gets that event."""
+    exe, _ = scripted(tmp_path, "exit-mid-turn")
+    adapter = Adapter.open(weather_config(tmp_path, exe), timeout=T)
+    turn = adapter.start_turn("k", "go", timeout=T)
+    adapter.close(timeout=T)  # the live turn keeps the child
+    assert turn.next_event(timeout=T) == TextDelta("hi")
+    event = turn.next_event(timeout=T)
+    assert isinstance(event, ErrorEvent) and event.error.kind is ErrorKind.UNAVAILABLE
+    assert turn.next_event(timeout=T) is None
 
 
 def _drain(turn: Any) -> list[Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import KbusNode
-from peers.codex_support import ModelServer, codex_children, function_outputs, start_model_server
+from peers.codex_support import PEERS, ModelServer, codex_children, function_outputs, start_model_server
 from peers.turn_io import RecordingTurnIO
 
 from actors.inference import InferenceRuntime, PreparedRound
@@ -26,7 +27,9 @@ from actors.router.catalog import ModelCatalog, ModelEntry, ProviderEntry
 from actors.router.client import RouterClient
 from actors.router.messages import (
     ProviderFailed,
+    ProviderUnavailable,
     StartTurn,
+    SubmitInput,
     TurnCompleted,
     TurnInput,
     TurnTextDelta,
@@ -47,6 +50,7 @@ from actors.session import (
 )
 from actors.types import CALL_KTOOL, AgentProvider, TokenUsage, ToolCall, ToolCallError, ToolResult
 from transport import Peer
+from transport.errors import ProtocolError
 from transport.node import Node
 
 pytestmark = pytest.mark.integration
@@ -159,6 +163,24 @@ def test_a_turn_with_text_and_a_tool_call_gives_one_receipt(
     assert CALL_KTOOL in [t.get("name") for t in tools]
     assert "You are a weather assistant." in str(requests[0]["body"].get("input", ""))
     assert [(o["call_id"], o["output"]) for o in function_outputs(requests[1])] == [("call_w1", "Sunny, 21C")]
+
+
+def test_submit_input_on_a_codex_turn_is_refused_with_a_typed_error(
+    router: Callable[[list[dict[str, Any]]], tuple[Node, RouterClient, ModelServer]],
+) -> None:
+    """The codex thread keeps the turn's conversation, so a re-rendered input cannot reach the model: the
+    Router refuses SubmitInput with ProtocolError (instead of answering Ok and dropping it); the turn goes
+    on as before."""
+    node, client, server = router(TOOL_TURN)
+    op = start_turn(client, "Weather in Paris?")
+    events = client.events(op, timeout=WAIT)
+    call = next(e for e in events if isinstance(e, TurnToolCall))
+    with pytest.raises(ProtocolError, match="SubmitInput is not supported"):
+        node.request("n1/router", SubmitInput(operation_id=op, input="a re-rendered input"), timeout=WAIT)
+    client.respond(op, call.call_id, ToolResult(success=True, output="Sunny, 21C"), timeout=WAIT)
+    done = [e for e in events if isinstance(e, TurnCompleted)]
+    assert [d.answer for d in done] == ["Sunny in Paris."]
+    assert "a re-rendered input" not in str(server.requests())
 
 
 def test_the_receipt_carries_the_turns_token_usage(
@@ -322,6 +344,39 @@ def test_a_dead_child_is_replaced_for_the_next_turn(spawn_peer: Callable[..., An
         assert len(set(codex_children()) - before) == 1 and child not in codex_children()
     finally:
         provider.close()
+
+
+def scripted_codex(tmp_path: Path, mode: str) -> Path:
+    """An executable that runs ``scripted_codex_child`` in ``mode`` (for what the real binary cannot do)."""
+    exe = tmp_path / f"codex-{mode}"
+    child = PEERS / "scripted_codex_child.py"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -P "{child}" {mode} "{tmp_path / mode}.jsonl" "$@"\n')
+    exe.chmod(0o700)
+    return exe
+
+
+def test_a_codex_child_that_never_finishes_its_handshake_is_unavailable(
+    make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """The adapter's open timing out (Expired, a BusError) is the provider being unavailable: the turn
+    fails ProviderUnavailable with one "unavailable" receipt, and no child is left."""
+    workdir = tmp_path / "ws"
+    workdir.mkdir()
+    options = {"executable": str(scripted_codex(tmp_path, "mute")), "working_directory": str(workdir)}
+    models = ModelCatalog(
+        [ModelEntry(model=MODEL, provider="cx", provider_model="m", context_window=99, max_input_tokens=90)],
+        [ProviderEntry(name="cx", kind="codex", options={**options, "open_timeout": 0.5})],
+    )
+    node = make_node("n1", registry=registry())
+    node.spawn(RouterActor, "router", catalog=models, data_dir=tmp_path / "data")
+    client = RouterClient(node, "n1/router", timeout=WAIT)
+    op = start_turn(client, "Hello?")
+    with pytest.raises(ProviderUnavailable) as err:
+        list(client.events(op, timeout=WAIT))
+    receipt = err.value.receipt
+    assert receipt is not None and receipt.status == "unavailable" and receipt.provider is AgentProvider.CODEX
+    assert client.receipt(op, timeout=WAIT) == receipt
+    assert codex_children() == []
 
 
 def test_render_input_keeps_the_last_user_message_verbatim_after_the_history() -> None:

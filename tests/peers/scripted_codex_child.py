@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A scripted stand-in for ``codex app-server``, only for what the real binary cannot be made to do:
 garbage on stdout, an exit during the handshake, a JSON-RPC error to ``initialize`` or ``turn/start``,
-chosen stderr bytes. Usage: ``scripted_codex_child.py MODE LOG app-server [flags...]``; every frame it
-reads is appended to LOG (one JSON line each). Otherwise it speaks the Appendix B subset: a turn streams
-the delta "hi" and completes.
+chosen stderr bytes, a child that stops reading its stdin after ``thread/start`` (``deaf``), a child that
+ignores the EOF on its stdin and keeps running (``ignore-eof``), one that never answers ``initialize``
+(``mute``). It writes its CODEX_HOME to ``LOG.home``.
+Usage: ``scripted_codex_child.py MODE LOG app-server [flags...]``; every frame it reads is appended to LOG
+(one JSON line each). Otherwise it speaks the Appendix B subset: a turn streams the delta "hi" and completes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 
@@ -26,6 +29,8 @@ def main() -> None:
         os.write(2, stderr)
         os._exit(code)
 
+    with open(log_path + ".home", "w", encoding="utf-8") as home:
+        home.write(os.environ.get("CODEX_HOME", ""))
     turns = 0
     for line in sys.stdin:
         frame = json.loads(line)
@@ -33,6 +38,8 @@ def main() -> None:
             log.write(json.dumps(frame) + "\n")
         method, rid = frame.get("method"), frame.get("id")
         if method == "initialize":
+            if mode == "mute":
+                continue
             if mode == "garbage-init":
                 out.write("not json\n")
                 out.flush()
@@ -46,6 +53,8 @@ def main() -> None:
                     os.write(2, b"warn\xff\n")
         elif method == "thread/start":
             send({"id": rid, "result": {"thread": {"id": "th-1"}}})
+            if mode == "deaf":
+                time.sleep(3600)  # never reads stdin again (killed by the adapter)
         elif method == "turn/start":
             turns += 1
             if mode == "turn-start-error" and turns == 1:
@@ -71,6 +80,8 @@ def main() -> None:
             send({"id": rid, "result": {}})
             turn = {"id": frame["params"]["turnId"], "status": "interrupted"}
             send({"method": "turn/completed", "params": {"threadId": "th-1", "turn": turn}})
+    if mode == "ignore-eof":
+        time.sleep(3600)  # stdin closed: keeps running until killed
 
 
 if __name__ == "__main__":

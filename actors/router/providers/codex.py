@@ -110,10 +110,22 @@ class _Cancelled(Exception):
     pass
 
 
+def _close_quietly(adapter: Adapter) -> None:
+    """Release a handle; an adapter actor that does not answer in time is logged, not raised (the turn's
+    outcome is decided already, and a node stop reaps the child)."""
+    try:
+        adapter.close()
+    except BusError as exc:
+        log.warning("codex adapter %s: close failed: %r", adapter.address, exc)
+
+
 class CodexProvider:
     """A client for the Codex app-server: one adapter (child) per distinct thread configuration."""
 
     name = "codex"
+    # The native Codex thread keeps the conversation of a turn: a re-rendered input (Router SubmitInput)
+    # cannot replace it, so the Router refuses SubmitInput for this provider instead of ignoring it.
+    takes_input = False
 
     def __init__(
         self,
@@ -204,22 +216,31 @@ class CodexProvider:
             request.tool.name,
             request.tool.description,
         )
+        # The lock guards only the table: every adapter call (a bus round trip, up to open_timeout) is made
+        # outside it, so one slow child cannot hold up the turns of the others.
         with self._lock:
             if self._closed:
                 raise ProviderError("unavailable", "the codex provider is closed")
             adapter = self._adapters.get(key)
             if adapter is not None:
                 self._adapters.move_to_end(key)
-                try:
-                    return key, adapter.clone()
-                except AdapterError:
-                    del self._adapters[key]  # the child is gone: open a new one below
-                    adapter.close()
+        if adapter is not None:
+            try:
+                return key, adapter.clone()
+            except BusError:  # the child is gone (or its actor does not answer): open a new one below
+                with self._lock:
+                    if self._adapters.get(key) is adapter:
+                        del self._adapters[key]
+                _close_quietly(adapter)
         try:
             opened = Adapter.open(config, timeout=self._open_timeout, launch=self._launch)
-        except AdapterError as exc:
-            raise ProviderError("unavailable", f"codex did not start: {exc}") from exc
-        mine = opened.clone()
+        except BusError as exc:  # AdapterError, or Expired when the handshake did not finish in time
+            raise ProviderError("unavailable", f"codex did not start: {exc!r}") from exc
+        try:
+            mine = opened.clone()
+        except BusError as exc:
+            _close_quietly(opened)
+            raise ProviderError("unavailable", f"codex did not start: {exc!r}") from exc
         evicted: list[Adapter] = []
         with self._lock:
             if self._is_closed() or key in self._adapters:
@@ -229,7 +250,7 @@ class CodexProvider:
                 while len(self._adapters) > self._max_children:
                     evicted.append(self._adapters.popitem(last=False)[1])
         for old in evicted:
-            old.close()  # a child still running a turn lives on until that turn's own handle is closed
+            _close_quietly(old)  # a child still running a turn lives on until that turn's handle is closed
         return key, mine
 
     def _forget(self, key: tuple[str, ...], address: str) -> None:
@@ -240,7 +261,7 @@ class CodexProvider:
                 return
             del self._adapters[key]
         log.warning("codex child of %s is unavailable; the next turn starts a new one", address)
-        cached.close()
+        _close_quietly(cached)
 
     # --------------------------------------------------------------------------------------- turns
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
@@ -253,7 +274,7 @@ class CodexProvider:
                 self._forget(key, adapter.address)  # AD-18: that child takes no more turns
             raise
         finally:
-            adapter.close()
+            _close_quietly(adapter)
 
     def _run(self, adapter: Adapter, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
         io.emit(Submitted(model_context(request)))
