@@ -481,8 +481,8 @@ class Agent:
                     if token.is_cancelled():
                         raise
                     self.progress.stop()
-                    print("\nkbus: interrupting the turn (Ctrl-C again to quit)", file=self.err)
                     token.cancel()
+                    print("\nkbus: interrupting the turn (Ctrl-C again to quit)", file=self.err, flush=True)
         finally:
             self.progress.stop()
         self.loaded.add(self.model)
@@ -534,6 +534,7 @@ def _agent(args: argparse.Namespace) -> Iterator[Agent]:
         agent.start()
         yield agent
     except KeyboardInterrupt:  # quit now: a close would wait for the turn still running
+        print("\nkbus: quitting", file=sys.stderr, flush=True)
         agent.stop(close=False)
         raise
     except BaseException:

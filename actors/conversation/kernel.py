@@ -5,7 +5,9 @@ conversation actor itself (``KernelHost``).
 ``tool_description`` (the model calls them through the one ``call_ktool``); ``execute_tool`` forwards each
 call to the ``ToolHostActor`` and records the call and its result together, so no call is left without its
 result; ``prepare_provider_resume`` is the step boundary where an interrupt (IT-01/IT-02) or the step budget
-ends the turn. The summary of a compaction is a kernel run of the same kind, without tools.
+ends the turn. An interrupt also sends the loop ``CancelSession``, so a model that is still generating is
+stopped at once; the loop's ``SessionCancelled`` then ends the turn as CANCELLED with its completed steps.
+The summary of a compaction is a kernel run of the same kind, without tools.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from actors.conversation.types import (
 from actors.inference import PreparedRound
 from actors.router.messages import TurnTextDelta
 from actors.session import (
+    CancelSession,
     HostCompleteCapture,
     HostCompleteRound,
     HostExecuteTool,
@@ -43,6 +46,7 @@ from actors.session import (
     ProviderResume,
     RoundPreparation,
     RunSession,
+    SessionCancelled,
     SessionControl,
     SessionEvent,
     SessionLoopActor,
@@ -123,6 +127,7 @@ class KernelRun:
     usage: TokenUsage | None = None
     finish: FinishReason = FinishReason.STOP
     final: str | None = None
+    interrupted: bool = False  # CancelSession was sent to the loop: its SessionCancelled is a cancel
 
 
 class KernelHost(BusActor):
@@ -163,7 +168,10 @@ class KernelHost(BusActor):
 
         def ended(reply: Reply) -> None:
             self._run = None
-            then(reply.error)
+            error = reply.error
+            if run.interrupted and isinstance(error, SessionCancelled):  # IT-01: the completed steps stay
+                run.finish, error = FinishReason.CANCELLED, None
+            then(error)
 
         self.ask(
             run.loop,
@@ -171,6 +179,16 @@ class KernelHost(BusActor):
             ended,
             timeout=RUN_TIMEOUT,
         )
+
+    def _interrupt(self) -> None:
+        """The turn's token was cancelled: stop the running turn's session loop now. A provider stream being
+        read is interrupted at once (its turn accounted for as interrupted); a tool that is running finishes
+        and keeps its result (IT-02); the loop ends with ``SessionCancelled`` at its next step boundary."""
+        run = self._run
+        if run is None or run.mode != "turn" or run.interrupted:
+            return
+        run.interrupted = True
+        self.tell_to(run.loop, CancelSession())
 
     # ------------------------------------------------------------------------- the host protocol
     def _host_call(self, message: Any, ctx: Context) -> Any:
