@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import io
+import itertools
 from pathlib import Path
 
 import pytest
 
-from actors.agent_cli import DEMO_PROMPT, CliError, _in_process_settings, load_tool, system_prompt
+from actors.agent_cli import (
+    DEMO_PROMPT,
+    Agent,
+    CliError,
+    _in_process_settings,
+    load_tool,
+    system_prompt,
+)
 from actors.builtin_tools import builtin_tools
-from actors.conversation import ToolRegistry
+from actors.cli import parser
+from actors.conversation import FinishReason, ToolRegistry
 from config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -93,3 +103,31 @@ def test_the_demo_runs_the_prompt_the_real_model_test_covers() -> None:
     demo = (ROOT / "scripts" / "demo").read_text()
     assert f"prompt='{DEMO_PROMPT}'" in demo
     assert ".venv/bin/kbus run" in demo
+
+
+HANG = '[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "thinking" }, { hang = true }]]\n'
+
+
+def test_a_turn_past_its_limit_is_interrupted_not_left_running(tmp_path: Path) -> None:
+    """IT-06: the turn limit covers every model request of a turn (--max-steps + 1, and a compaction's
+    summary), each allowed --timeout; a turn still running at the limit is cancelled, so it ends CANCELLED
+    (here at once: the injected clock jumps past the limit) instead of failing while the model runs on."""
+    config = tmp_path / "hang.toml"
+    config.write_text(HANG)
+    args = parser().parse_args(
+        ["chat", "--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data"),
+         "--timeout", "20", "--max-steps", "3"]
+    )  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    agent = Agent(args, out, err)
+    assert agent.turn_limit() > (3 + 2) * 20  # max_steps + 1 requests, a summary, and the tools' time
+    ticks = itertools.chain([0.0], itertools.repeat(agent.turn_limit()))
+    agent.clock = lambda: next(ticks)  # the limit is reached at the first check
+    agent.start()
+    try:
+        outcome = agent.turn("take your time")
+    finally:
+        agent.stop()
+    assert outcome.finish_reason is FinishReason.CANCELLED
+    assert "the turn ran past its limit of 130 s; interrupting it" in err.getvalue()
+    assert "[done] cancelled" in out.getvalue()
