@@ -329,6 +329,7 @@ class Agent:
         # GetReceiptsFor lists them (in-process or on a --connect-ed node alike).
         self.operations: list[uuid.UUID] = []
         self.clock: Callable[[], float] = time.monotonic  # the turn limit's clock (tests inject one)
+        self.stop_timeout = 10.0  # seconds ``stop`` waits for each actor of the conversation
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -446,17 +447,19 @@ class Agent:
     def stop(self, *, close: bool = True) -> None:
         """End the session (``close``: SessionEnd, after any running turn) and stop what ``start`` started."""
         self.progress.stop()
-        if self.runtime is not None:
-            if close:
-                try:
-                    self.runtime.close(self.last_outcome, timeout=10.0)
-                except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
-                    print(f"kbus: closing the conversation: {exc}", file=self.err)
-            self.runtime.stop()
-            self.runtime = None
-        if self.node is not None:
-            self.node.stop()
-            self.node = None
+        try:
+            if self.runtime is not None:
+                if close:
+                    try:
+                        self.runtime.close(self.last_outcome, timeout=10.0)
+                    except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
+                        print(f"kbus: closing the conversation: {exc}", file=self.err)
+                runtime, self.runtime = self.runtime, None
+                runtime.stop(timeout=self.stop_timeout)  # a busy tool is logged and left to the node
+        finally:
+            if self.node is not None:
+                node, self.node = self.node, None
+                node.stop()
 
     # -------------------------------------------------------------------------------------- turns
     def turn_limit(self) -> float:

@@ -576,6 +576,22 @@ def test_a_built_runtime_as_a_context_manager_closes_and_stops(env: Env) -> None
     assert env.node.lookup(rt.address.partition("/")[2]) is None
 
 
+def test_stop_with_a_tool_still_running_stops_the_rest_and_does_not_raise(env: Env) -> None:
+    """A tool host busy in a tool that does not return in time is logged and left running; ``stop`` still
+    stops the conversation and the sink actors, and does not raise (``kbus chat`` quitting mid-tool)."""
+    rt = env.build()
+    env.script(call("gate", "s1", key="ST"), text("never"))
+    try:
+        rt.run_future("block")
+        env.gates.wait_entered("ST")
+        names = [name for _, name in rt._owned]
+        rt.stop(timeout=0.2)  # the tool host is busy: it cannot stop within the timeout
+        host = next(name for name in names if name.endswith(".host"))
+        assert [name for name in names if env.node.lookup(name) is not None] == [host]
+    finally:
+        env.gates.open("ST")
+
+
 def test_cl03_run_after_close_works_and_never_fires_again(env: Env) -> None:
     """CL-03: close, then run → an outcome; the hook count stays 1."""
     hooks = Hooks()
