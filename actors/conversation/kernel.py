@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,8 +55,11 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import TokenUsage, ToolCall, ToolCallError
+from transport.errors import BusError, NotDelivered
 from transport.node import Node
 from transport.pending import Reply
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_input"]
 
@@ -138,6 +142,7 @@ class KernelHost(BusActor):
         self.config = config
         self._run: KernelRun | None = None
         self._loops = itertools.count()
+        self._interrupt_tells: set[bytes] = set()  # CancelSession tells whose run may end first
 
     def _emit(self, event: Any) -> None:
         raise NotImplementedError
@@ -168,6 +173,8 @@ class KernelHost(BusActor):
 
         def ended(reply: Reply) -> None:
             self._run = None
+            if len(self._interrupt_tells) > 64:  # only a late one is of interest: keep the set small
+                self._interrupt_tells.clear()
             error = reply.error
             if run.interrupted and isinstance(error, SessionCancelled):  # IT-01: the completed steps stay
                 run.finish, error = FinishReason.CANCELLED, None
@@ -188,7 +195,14 @@ class KernelHost(BusActor):
         if run is None or run.mode != "turn" or run.interrupted:
             return
         run.interrupted = True
-        self.tell_to(run.loop, CancelSession())
+        self._interrupt_tells.add(self.tell_to(run.loop, CancelSession()))
+
+    def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
+        if tell_id is not None and tell_id in self._interrupt_tells and isinstance(error, NotDelivered):
+            self._interrupt_tells.discard(tell_id)  # the run ended (its loop stopped) as the cancel left
+            log.debug("%s: the interrupted run had already ended", self.address)
+            return
+        super().on_tell_error(error, tell_id)
 
     # ------------------------------------------------------------------------- the host protocol
     def _host_call(self, message: Any, ctx: Context) -> Any:
