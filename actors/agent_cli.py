@@ -49,6 +49,8 @@ DEMO_PROMPT: Final = (
 )
 DEFAULT_MODEL: Final = "smollm2"
 CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Router
+TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
+CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
 
 # The in-process catalog. The 135M model decides between a call and an answer on its first request ("auto")
 # and must answer after a tool result ("none"): with "auto" again it called tools over and over. Greedy
@@ -326,6 +328,8 @@ class Agent:
         # is atomic): the Router files each provider turn's receipt under its parent operation, and
         # GetReceiptsFor lists them (in-process or on a --connect-ed node alike).
         self.operations: list[uuid.UUID] = []
+        self.clock: Callable[[], float] = time.monotonic  # the turn limit's clock (tests inject one)
+        self.stop_timeout = 10.0  # seconds ``stop`` waits for each actor of the conversation
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -370,7 +374,7 @@ class Agent:
             .compactor(compactor)
             .max_steps(self.args.max_steps)
             .round_timeout(self.args.timeout)
-            .timeout(self.args.timeout + 30.0)
+            .timeout(self.turn_limit() + CANCEL_GRACE)
             .user_id(os.environ.get("USER", "kbus"))
             .operation_ids(self._new_operation)
         )
@@ -443,19 +447,26 @@ class Agent:
     def stop(self, *, close: bool = True) -> None:
         """End the session (``close``: SessionEnd, after any running turn) and stop what ``start`` started."""
         self.progress.stop()
-        if self.runtime is not None:
-            if close:
-                try:
-                    self.runtime.close(self.last_outcome, timeout=10.0)
-                except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
-                    print(f"kbus: closing the conversation: {exc}", file=self.err)
-            self.runtime.stop()
-            self.runtime = None
-        if self.node is not None:
-            self.node.stop()
-            self.node = None
+        try:
+            if self.runtime is not None:
+                if close:
+                    try:
+                        self.runtime.close(self.last_outcome, timeout=10.0)
+                    except Exception as exc:  # noqa: BLE001 - closing must not hide why we stop
+                        print(f"kbus: closing the conversation: {exc}", file=self.err)
+                runtime, self.runtime = self.runtime, None
+                runtime.stop(timeout=self.stop_timeout)  # a busy tool is logged and left to the node
+        finally:
+            if self.node is not None:
+                node, self.node = self.node, None
+                node.stop()
 
     # -------------------------------------------------------------------------------------- turns
+    def turn_limit(self) -> float:
+        """How long one turn may run before it is interrupted: up to ``--max-steps`` + 1 model requests and a
+        cross-turn compaction's summary, each allowed ``--timeout``, plus the tools' time."""
+        return float((self.args.max_steps + 2) * self.args.timeout + TURN_MARGIN)
+
     def turn(self, text: str) -> Any:
         """One turn: stream it, then print its usage and receipts; returns its RuntimeOutcome."""
         from actors.conversation import CancellationToken
@@ -469,20 +480,27 @@ class Agent:
             waiting = f"waiting for {self.model}"
         self.progress.start(waiting)
         first_operation = len(self.operations)
-        future = self.runtime.run_future(text)
+        limit = self.turn_limit()
+        deadline = self.clock() + limit
+        future = self.runtime.run_future(text)  # its own deadline: the limit plus CANCEL_GRACE
         try:
             while True:
                 try:
                     outcome = future.result(timeout=0.2)
                     break
                 except TimeoutError:
+                    if self.clock() >= deadline and not token.is_cancelled():  # never left running on
+                        self.progress.stop()
+                        token.cancel()
+                        note = f"\nkbus: the turn ran past its limit of {limit:g} s; interrupting it"
+                        print(note, file=self.err, flush=True)
                     continue
                 except KeyboardInterrupt:
                     if token.is_cancelled():
                         raise
                     self.progress.stop()
-                    print("\nkbus: interrupting the turn (Ctrl-C again to quit)", file=self.err)
                     token.cancel()
+                    print("\nkbus: interrupting the turn (Ctrl-C again to quit)", file=self.err, flush=True)
         finally:
             self.progress.stop()
         self.loaded.add(self.model)
@@ -534,6 +552,7 @@ def _agent(args: argparse.Namespace) -> Iterator[Agent]:
         agent.start()
         yield agent
     except KeyboardInterrupt:  # quit now: a close would wait for the turn still running
+        print("\nkbus: quitting", file=sys.stderr, flush=True)
         agent.stop(close=False)
         raise
     except BaseException:

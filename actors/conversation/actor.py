@@ -150,6 +150,7 @@ class ConversationActor(KernelHost):
                 self._token = token_id
                 if cancelled:
                     self._cancelled.add(token_id)
+                    self._interrupt()
                 return None
             case WithdrawEnqueued(ticket=ticket):
                 for command in list(self._waiting):
@@ -162,7 +163,8 @@ class ConversationActor(KernelHost):
             case CancelToken(token_id=token_id):
                 self._cancelled.add(token_id)
                 if token_id == self._token and self._run is not None:
-                    self._log(logging.INFO, "interrupt requested; the turn ends at the next step boundary")
+                    self._log(logging.INFO, "interrupt requested; stopping the running turn")
+                    self._interrupt()
                 return None
             # the session loop's host calls and the handle's streamed text
             case TurnTextDelta():

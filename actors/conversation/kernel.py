@@ -5,13 +5,16 @@ conversation actor itself (``KernelHost``).
 ``tool_description`` (the model calls them through the one ``call_ktool``); ``execute_tool`` forwards each
 call to the ``ToolHostActor`` and records the call and its result together, so no call is left without its
 result; ``prepare_provider_resume`` is the step boundary where an interrupt (IT-01/IT-02) or the step budget
-ends the turn. The summary of a compaction is a kernel run of the same kind, without tools.
+ends the turn. An interrupt also sends the loop ``CancelSession``, so a model that is still generating is
+stopped at once; the loop's ``SessionCancelled`` then ends the turn as CANCELLED with its completed steps.
+The summary of a compaction is a kernel run of the same kind, without tools.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from actors.conversation.types import (
 from actors.inference import PreparedRound
 from actors.router.messages import TurnTextDelta
 from actors.session import (
+    CancelSession,
     HostCompleteCapture,
     HostCompleteRound,
     HostExecuteTool,
@@ -43,6 +47,7 @@ from actors.session import (
     ProviderResume,
     RoundPreparation,
     RunSession,
+    SessionCancelled,
     SessionControl,
     SessionEvent,
     SessionLoopActor,
@@ -50,8 +55,11 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import TokenUsage, ToolCall, ToolCallError
+from transport.errors import BusError, NotDelivered
 from transport.node import Node
 from transport.pending import Reply
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_input"]
 
@@ -123,6 +131,7 @@ class KernelRun:
     usage: TokenUsage | None = None
     finish: FinishReason = FinishReason.STOP
     final: str | None = None
+    interrupted: bool = False  # CancelSession was sent to the loop: its SessionCancelled is a cancel
 
 
 class KernelHost(BusActor):
@@ -133,6 +142,7 @@ class KernelHost(BusActor):
         self.config = config
         self._run: KernelRun | None = None
         self._loops = itertools.count()
+        self._interrupt_tells: set[bytes] = set()  # CancelSession tells whose run may end first
 
     def _emit(self, event: Any) -> None:
         raise NotImplementedError
@@ -163,7 +173,12 @@ class KernelHost(BusActor):
 
         def ended(reply: Reply) -> None:
             self._run = None
-            then(reply.error)
+            if len(self._interrupt_tells) > 64:  # only a late one is of interest: keep the set small
+                self._interrupt_tells.clear()
+            error = reply.error
+            if run.interrupted and isinstance(error, SessionCancelled):  # IT-01: the completed steps stay
+                run.finish, error = FinishReason.CANCELLED, None
+            then(error)
 
         self.ask(
             run.loop,
@@ -171,6 +186,23 @@ class KernelHost(BusActor):
             ended,
             timeout=RUN_TIMEOUT,
         )
+
+    def _interrupt(self) -> None:
+        """The turn's token was cancelled: stop the running turn's session loop now. A provider stream being
+        read is interrupted at once (its turn accounted for as interrupted); a tool that is running finishes
+        and keeps its result (IT-02); the loop ends with ``SessionCancelled`` at its next step boundary."""
+        run = self._run
+        if run is None or run.mode != "turn" or run.interrupted:
+            return
+        run.interrupted = True
+        self._interrupt_tells.add(self.tell_to(run.loop, CancelSession()))
+
+    def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
+        if tell_id is not None and tell_id in self._interrupt_tells and isinstance(error, NotDelivered):
+            self._interrupt_tells.discard(tell_id)  # the run ended (its loop stopped) as the cancel left
+            log.debug("%s: the interrupted run had already ended", self.address)
+            return
+        super().on_tell_error(error, tell_id)
 
     # ------------------------------------------------------------------------- the host protocol
     def _host_call(self, message: Any, ctx: Context) -> Any:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pykka
+
 from actors.conversation.messages import (
     CloseSession,
     CompactNow,
@@ -44,6 +46,8 @@ from transport.node import Node
 from transport.pending import chained, forbid_blocking
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 10.0  # seconds ``stop`` waits for each actor it started
 
 __all__ = ["DEFAULT_TIMEOUT", "ConversationRuntime", "ConversationRuntimeBuilder"]
 
@@ -224,13 +228,19 @@ class ConversationRuntime:
         return self._sinks.get(address) or RemoteSink(self.node, address)
 
     # ------------------------------------------------------------------------------------ lifetime
-    def stop(self) -> None:
-        """Stop the actors this facade started (the conversation, its tool host, its sink actors)."""
-        for node, name in reversed(self._owned):
+    def stop(self, *, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the actors this facade started (the conversation, its tool host, its sink actors), waiting up
+        to ``timeout`` for each. One still busy (a tool that does not return) is logged and left to its
+        node's shutdown; the others are stopped all the same."""
+        owned, self._owned = list(reversed(self._owned)), []
+        for node, name in owned:
             ref = node.lookup(name)
-            if ref is not None:
-                ref.stop(block=True, timeout=10.0)
-        self._owned.clear()
+            if ref is None:
+                continue
+            try:
+                ref.stop(block=True, timeout=timeout)
+            except pykka.Timeout:
+                log.warning("%s did not stop within %ss (still busy); stopping the others", name, timeout)
 
     def __enter__(self) -> ConversationRuntime:
         return self

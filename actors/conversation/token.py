@@ -40,7 +40,8 @@ class CancellationToken:
             self._bound.append((node, address))  # list.append is atomic: no lock (MB-01)
 
     def cancel(self) -> None:
-        """Cancel: the bound conversations end their running turn at the next step boundary."""
+        """Cancel: the bound conversations end their running turn, a model still generating at once and a
+        running tool once it has returned (IT-01/IT-02)."""
         from actors.conversation.messages import CancelToken
 
         self._event.set()

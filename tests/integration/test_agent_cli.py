@@ -177,14 +177,32 @@ def test_kbus_chat_in_a_terminal_turns_model_switch_compact_and_quit(
     assert re.search(r"resumed \d+ messages from", err), err
 
 
+WAIT_TOOL = '''
+def wait_for_release() -> str:
+    """Wait until the test says so."""
+    with open({fifo!r}) as gate:
+        return gate.readline().strip() or "released"
+'''
+
+
 def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
     kbus_process: Start, tmp_path: Path
 ) -> None:
+    """IT-06: the first Ctrl-C stops a model that is still generating at once (the turn ends cancelled and
+    the prompt comes back); during a tool that is still running (IT-02: it runs to completion) a second
+    Ctrl-C quits with 130 and no traceback."""
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    gate = os.open(fifo, os.O_RDWR)  # holds both ends: the tool's open never blocks, its read does
+    tool = tmp_path / "waiting.py"
+    tool.write_text(WAIT_TOOL.format(fifo=str(fifo)))
     config = tmp_path / "hang.toml"
     config.write_text(
-        '[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "thinking" }, { hang = true }]]\n'
+        '[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "thinking" }, { hang = true }],'
+        ' [{ call = { name = "wait_for_release", arguments = {} }, id = "w1" }, { text = "unreached" }]]\n'
     )
     args = ["--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data")]
+    args += ["--tools", f"{tool}:wait_for_release"]
     controller, terminal = os.openpty()
     try:
         proc = kbus_process("chat", *args, stdin=terminal, stdout=terminal, stderr=terminal)
@@ -197,10 +215,20 @@ def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
         pty.expect("thinking")  # the turn runs: the provider hangs until cancelled
         os.kill(proc.pid, signal.SIGINT)
         pty.expect("interrupting the turn (Ctrl-C again to quit)")
+        pty.expect("[done] cancelled")  # the first Ctrl-C stopped the hung model
+        pty.expect("you> ")
+        pty.send("wait for it")
+        pty.expect("[tool call] wait_for_release")  # the tool runs until released
         os.kill(proc.pid, signal.SIGINT)
+        pty.expect("interrupting the turn (Ctrl-C again to quit)")
+        os.kill(proc.pid, signal.SIGINT)
+        pty.expect("kbus: quitting")
+        os.write(gate, b"released\n")
         assert proc.wait(timeout=30) == 130, pty.seen
         pty.expect("kbus chat: bye")
     finally:
+        os.write(gate, b"released\n")
+        os.close(gate)
         os.close(controller)
     assert "Traceback" not in pty.seen, pty.seen
 

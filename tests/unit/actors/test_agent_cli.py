@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import io
+import itertools
+import logging
+import os
+import select
 from pathlib import Path
 
 import pytest
 
-from actors.agent_cli import DEMO_PROMPT, CliError, _in_process_settings, load_tool, system_prompt
+from actors.agent_cli import (
+    DEMO_PROMPT,
+    Agent,
+    CliError,
+    _in_process_settings,
+    load_tool,
+    system_prompt,
+)
 from actors.builtin_tools import builtin_tools
-from actors.conversation import ToolRegistry
+from actors.cli import parser
+from actors.conversation import FinishReason, ToolRegistry
 from config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -93,3 +106,97 @@ def test_the_demo_runs_the_prompt_the_real_model_test_covers() -> None:
     demo = (ROOT / "scripts" / "demo").read_text()
     assert f"prompt='{DEMO_PROMPT}'" in demo
     assert ".venv/bin/kbus run" in demo
+
+
+HANG = '[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "thinking" }, { hang = true }]]\n'
+
+
+def test_a_turn_past_its_limit_is_interrupted_not_left_running(tmp_path: Path) -> None:
+    """IT-06: the turn limit covers every model request of a turn (--max-steps + 1, and a compaction's
+    summary), each allowed --timeout; a turn still running at the limit is cancelled, so it ends CANCELLED
+    (here at once: the injected clock jumps past the limit) instead of failing while the model runs on."""
+    config = tmp_path / "hang.toml"
+    config.write_text(HANG)
+    args = parser().parse_args(
+        ["chat", "--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data"),
+         "--timeout", "20", "--max-steps", "3"]
+    )  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    agent = Agent(args, out, err)
+    assert agent.turn_limit() > (3 + 2) * 20  # max_steps + 1 requests, a summary, and the tools' time
+    ticks = itertools.chain([0.0], itertools.repeat(agent.turn_limit()))
+    agent.clock = lambda: next(ticks)  # the limit is reached at the first check
+    agent.start()
+    try:
+        outcome = agent.turn("take your time")
+    finally:
+        agent.stop()
+    assert outcome.finish_reason is FinishReason.CANCELLED
+    assert "the turn ran past its limit of 130 s; interrupting it" in err.getvalue()
+    assert "[done] cancelled" in out.getvalue()
+
+
+BLOCKING_TOOL = '''
+def wait_here() -> str:
+    """Wait until the test says so."""
+    with open({entered!r}, "w") as entered:
+        entered.write("entered\\n")
+    with open({gate!r}) as gate:
+        return gate.readline().strip()
+'''
+
+
+class _ReleaseOnWarning(logging.Handler):
+    """Opens the tool's gate once the runtime has given up waiting for the busy tool host."""
+
+    def __init__(self, gate: int) -> None:
+        super().__init__(logging.WARNING)
+        self.gate = gate
+        self.released = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "did not stop" in record.getMessage() and not self.released:
+            self.released = True
+            os.write(self.gate, b"released\n")
+
+
+def test_stopping_with_a_tool_still_running_stops_the_node_without_raising(tmp_path: Path) -> None:
+    """``kbus chat`` quitting (a second Ctrl-C) while a tool runs: ``Agent.stop`` logs the busy tool host,
+    stops the rest and the node, and raises nothing (before, pykka.Timeout escaped and the node stayed)."""
+    entered_path, gate_path = tmp_path / "entered", tmp_path / "gate"
+    os.mkfifo(entered_path)
+    os.mkfifo(gate_path)
+    entered = os.open(entered_path, os.O_RDWR)  # both ends held: neither side's open blocks
+    gate = os.open(gate_path, os.O_RDWR)
+    tool = tmp_path / "blocking.py"
+    tool.write_text(BLOCKING_TOOL.format(entered=str(entered_path), gate=str(gate_path)))
+    config = tmp_path / "tool.toml"
+    config.write_text(
+        '[providers.scripted]\nkind = "scripted"\n'
+        'scripts = [[{ call = { name = "wait_here", arguments = {} }, id = "w1" }, { text = "done" }]]\n'
+    )
+    args = parser().parse_args(
+        ["chat", "--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data"),
+         "--tools", f"{tool}:wait_here"]
+    )  # fmt: skip
+    agent = Agent(args, io.StringIO(), io.StringIO())
+    agent.stop_timeout = 0.2
+    release = _ReleaseOnWarning(gate)
+    logger = logging.getLogger("actors.conversation.runtime")
+    logger.addHandler(release)
+    try:
+        agent.start()
+        node = agent.node
+        agent.runtime.run_future("wait")
+        assert select.select([entered], [], [], 10.0)[0], "the tool never started"
+        agent.stop(close=False)  # the tool host is busy in wait_here
+        assert release.released  # stop waited for the busy host, gave up, and went on
+        assert agent.node is None and agent.runtime is None
+        assert not node.running and node.actors() == ()  # the node stopped, every actor with it
+    finally:
+        logger.removeHandler(release)
+        os.write(gate, b"released\n")
+        if agent.node is not None:
+            agent.node.stop()
+        os.close(entered)
+        os.close(gate)

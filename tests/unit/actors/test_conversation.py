@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from actors.inference import InferenceError
 from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
+from actors.router.client import RouterClient
 from actors.router.providers.scripted import ScriptedProvider
 from transport.errors import Unavailable
 from transport.node import Node
@@ -574,6 +576,22 @@ def test_a_built_runtime_as_a_context_manager_closes_and_stops(env: Env) -> None
     assert env.node.lookup(rt.address.partition("/")[2]) is None
 
 
+def test_stop_with_a_tool_still_running_stops_the_rest_and_does_not_raise(env: Env) -> None:
+    """A tool host busy in a tool that does not return in time is logged and left running; ``stop`` still
+    stops the conversation and the sink actors, and does not raise (``kbus chat`` quitting mid-tool)."""
+    rt = env.build()
+    env.script(call("gate", "s1", key="ST"), text("never"))
+    try:
+        rt.run_future("block")
+        env.gates.wait_entered("ST")
+        names = [name for _, name in rt._owned]
+        rt.stop(timeout=0.2)  # the tool host is busy: it cannot stop within the timeout
+        host = next(name for name in names if name.endswith(".host"))
+        assert [name for name in names if env.node.lookup(name) is not None] == [host]
+    finally:
+        env.gates.open("ST")
+
+
 def test_cl03_run_after_close_works_and_never_fires_again(env: Env) -> None:
     """CL-03: close, then run → an outcome; the hook count stays 1."""
     hooks = Hooks()
@@ -780,6 +798,33 @@ def test_it02_the_step_in_progress_completes_and_the_next_never_starts(env: Env)
     assert env.gates.runs == ["I2"]
     assert rt.transcript()[-1] == Message.tool("s1", "gate I2 opened")
     assert no_orphans(rt.transcript())
+
+
+def test_it06_cancel_interrupts_a_model_that_is_still_generating(env: Env) -> None:
+    """IT-06, IT-02: cancelled while the model is still generating (after one completed tool step) → the
+    open provider stream is interrupted at once, the turn ends CANCELLED keeping the completed step (no
+    orphan call), and the provider turn gets exactly one ``interrupted`` receipt."""
+    operation = uuid.uuid4()
+    rt = env.build(operation_ids=lambda: operation)
+    token = CancellationToken()
+    rt.set_interrupt_token(token)
+    env.script(call("add", "h1", a=1, b=2), text("still thinking"), {"hang": True})
+    future = rt.run_future("slow")
+    env.sink.wait_for(lambda e: isinstance(e, TextDelta) and e.text == "still thinking")
+    token.cancel()
+    outcome = future.result(WAIT)  # without the interrupt the provider hangs until the round timeout
+    assert outcome.finish_reason is FinishReason.CANCELLED and outcome.final_text == ""
+    assert outcome.steps == 1 and outcome.new_messages == 2
+    transcript = rt.transcript()
+    assert [m.role for m in transcript] == ["user", "assistant", "tool"]
+    assert transcript[-1] == Message.tool("h1", "3")
+    assert no_orphans(transcript)
+    receipts = RouterClient(env.node, f"{env.node.name}/router").receipts_for(operation, timeout=WAIT)
+    assert [r.status for r in receipts] == ["interrupted"]
+    wait_turn_finished(env.sink, outcome.turn_index)
+    rt.set_interrupt_token(CancellationToken())  # IT-05: the cancelled token would cancel the next turn
+    env.script(text("after"))  # the conversation goes on
+    assert rt.run("next").final_text == "after"
 
 
 def test_it03_a_replaced_token_has_no_effect(env: Env) -> None:
