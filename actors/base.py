@@ -8,6 +8,7 @@ a request with a continuation (``ask``) and the reply arrives through its own ma
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 from collections.abc import Callable
@@ -33,6 +34,15 @@ class ReplyArrived:
 
     request_id: bytes
     reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _FutureDone:
+    """A future an ``answer_when_done`` handler returned has resolved (posted by its done-callback)."""
+
+    ctx: Context
+    future: concurrent.futures.Future[Any]
+    then: Callable[[Any, BaseException | None], None] | None
 
 
 class Deferred:
@@ -199,9 +209,41 @@ class BusActor(pykka.ThreadingActor):
         if isinstance(message, ReplyArrived):
             self._reply_arrived(message)
             return None
+        if isinstance(message, _FutureDone):
+            self._future_done(message)
+            return None
         if message is BARRIER:
             return None
         return self.on_local(message)
+
+    def answer_when_done(
+        self,
+        result: Any,
+        ctx: Context,
+        then: Callable[[Any, BaseException | None], None] | None = None,
+    ) -> Any:
+        """For a handler whose application call returns either a value or a future of it (a host method):
+        a value is returned as the answer now; a future answers ``ctx`` when it resolves, through this
+        actor's mailbox, so the actor serves other messages meanwhile. ``then(value, error)`` runs first, on
+        the actor's thread. ``None`` is answered as ``Ok``."""
+        if not isinstance(result, concurrent.futures.Future):
+            return result
+        ref = self.actor_ref
+        result.add_done_callback(lambda fut: ref.tell(_FutureDone(ctx, fut, then)))
+        return DEFER
+
+    def _future_done(self, done: _FutureDone) -> None:
+        future, ctx = done.future, done.ctx
+        error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
+        value = None if error is not None else future.result()
+        if done.then is not None:
+            done.then(value, error)
+        if ctx.done:
+            return
+        if error is not None:
+            ctx.fail(error)
+        else:
+            ctx.reply(Ok() if value is None else value)
 
     def on_local(self, message: Any) -> Any:
         """Plain pykka messages from in-process callers (not bus traffic)."""

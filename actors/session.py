@@ -331,14 +331,6 @@ class HostCompleteRound:
     completion: RoundCompletion
 
 
-@dataclass(frozen=True, slots=True)
-class _HostDone:
-    """Local message: a host method's future resolved (sent by its done-callback)."""
-
-    token: int
-    future: concurrent.futures.Future[Any]
-
-
 class HostActor(BusActor):
     """Serves one application ``SessionHost`` on the bus (one request message per host method)."""
 
@@ -350,8 +342,6 @@ class HostActor(BusActor):
         # Finished tool outcomes survive this process when a file is given (a rerun after a crash must not
         # run a finished effect again); otherwise they live as long as the actor.
         self._store = OutcomeStore(outcomes) if outcomes is not None else None
-        self._tokens = itertools.count()
-        self._waiting: dict[int, tuple[Context, str | None]] = {}  # token -> (request, idempotency key)
         self._outcomes: dict[str, SessionToolOutcome] = {}  # idempotency key -> stored tool outcome
         self._running: dict[str, list[Context]] = {}  # idempotency key -> duplicates waiting for it
 
@@ -389,32 +379,12 @@ class HostActor(BusActor):
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
     def _result(self, result: Any, ctx: Context, key: str | None = None) -> Any:
+        if key is None:
+            return self.answer_when_done(result, ctx)
         if isinstance(result, concurrent.futures.Future):
-            token = next(self._tokens)
-            self._waiting[token] = (ctx, key)
-            ref = self.actor_ref
-            result.add_done_callback(lambda fut: ref.tell(_HostDone(token, fut)))
-            return DEFER
-        if key is not None:
-            self._tool_done(key, result, None)
+            return self.answer_when_done(result, ctx, lambda value, error: self._tool_done(key, value, error))
+        self._tool_done(key, result, None)
         return result
-
-    def on_local(self, message: Any) -> Any:
-        if not isinstance(message, _HostDone):
-            return super().on_local(message)
-        ctx, key = self._waiting.pop(message.token)
-        future = message.future
-        error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
-        value = None if error is not None else future.result()
-        if key is not None:
-            self._tool_done(key, value, error)
-        if ctx.done:
-            return None
-        if error is not None:
-            ctx.fail(error)
-        else:
-            ctx.reply(Ok() if value is None else value)
-        return None
 
     def on_stop(self) -> None:
         if self._store is not None:

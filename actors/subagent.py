@@ -14,7 +14,6 @@ conservative estimate otherwise. Each distinct piece of the projection is counte
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -289,22 +288,12 @@ class HostRecord:
     event: AnyAuditEvent
 
 
-@dataclass(frozen=True, slots=True)
-class _HostDone:
-    """Local message: a host method's future resolved."""
-
-    token: int
-    future: concurrent.futures.Future[Any]
-
-
 class RunHostActor(BusActor):
     """Serves one application ``Host`` on the bus: one request message per host method."""
 
     def __init__(self, node: Node, address: str, *, host: Host) -> None:
         super().__init__(node, address)
         self.host = host
-        self._tokens = itertools.count()
-        self._waiting: dict[int, Context] = {}
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
@@ -323,28 +312,7 @@ class RunHostActor(BusActor):
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
     def _result(self, result: Any, ctx: Context) -> Any:
-        if isinstance(result, concurrent.futures.Future):
-            token = next(self._tokens)
-            self._waiting[token] = ctx
-            ref = self.actor_ref
-            result.add_done_callback(lambda fut: ref.tell(_HostDone(token, fut)))
-            return DEFER
-        return result
-
-    def on_local(self, message: Any) -> Any:
-        if not isinstance(message, _HostDone):
-            return super().on_local(message)
-        ctx = self._waiting.pop(message.token)
-        future = message.future
-        error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
-        if ctx.done:
-            return None
-        if error is not None:
-            ctx.fail(error)
-        else:
-            value = future.result()
-            ctx.reply(Ok() if value is None else value)
-        return None
+        return self.answer_when_done(result, ctx)
 
 
 # -------------------------------------------------------------------------------------------------- run

@@ -104,6 +104,7 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
 
+
 # Messages from worker threads to the Router's own mailbox (local only, never on the wire).
 @dataclass(frozen=True, slots=True)
 class _Emitted:
