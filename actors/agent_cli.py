@@ -459,7 +459,7 @@ class Agent:
         finally:
             if self.node is not None:
                 node, self.node = self.node, None
-                node.stop()
+                node.stop(timeout=self.stop_timeout)
 
     # -------------------------------------------------------------------------------------- turns
     def turn_limit(self) -> float:
@@ -545,6 +545,9 @@ def _server_key(text: str | None) -> str | None:
     return text
 
 
+QUIT_STOP_TIMEOUT = 1.0  # seconds a second Ctrl-C waits for each actor before the process exits
+
+
 @contextmanager
 def _agent(args: argparse.Namespace) -> Iterator[Agent]:
     agent = Agent(args, sys.stdout, sys.stderr)
@@ -553,6 +556,7 @@ def _agent(args: argparse.Namespace) -> Iterator[Agent]:
         yield agent
     except KeyboardInterrupt:  # quit now: a close would wait for the turn still running
         print("\nkbus: quitting", file=sys.stderr, flush=True)
+        agent.stop_timeout = QUIT_STOP_TIMEOUT  # a tool still running is left behind (daemon thread)
         agent.stop(close=False)
         raise
     except BaseException:

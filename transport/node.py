@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+import pykka
 import zmq
 
 from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
@@ -230,6 +231,8 @@ class Node:
         for key, ref in list(self._actors.items()):
             try:
                 ref.stop(block=True, timeout=timeout)
+            except pykka.Timeout:  # busy in a handler that does not return: left behind, said in one line
+                log.warning("node %s: actor %s still busy after %.1fs: left behind", self.name, key, timeout)
             except Exception:  # an actor that is already dead or stuck must not stop the shutdown
                 log.warning("node %s: actor %s did not stop cleanly", self.name, key, exc_info=True)
         self._actors.clear()

@@ -19,6 +19,10 @@ __all__ = ["ToolHostActor"]
 
 
 class ToolHostActor(BusActor):
+    # Tools run on this thread and may never return: a daemon thread lets the process exit (after an explicit
+    # stop has given up on a busy tool) instead of waiting on it forever.
+    use_daemon_thread = True
+
     def __init__(self, node: Node, address: str, *, registry: ToolRegistry) -> None:
         super().__init__(node, address)
         self.registry = registry

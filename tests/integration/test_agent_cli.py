@@ -190,7 +190,7 @@ def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
 ) -> None:
     """IT-06: the first Ctrl-C stops a model that is still generating at once (the turn ends cancelled and
     the prompt comes back); during a tool that is still running (IT-02: it runs to completion) a second
-    Ctrl-C quits with 130 and no traceback."""
+    Ctrl-C quits with 130 and no traceback, without waiting for that tool (it is never released)."""
     fifo = tmp_path / "gate"
     os.mkfifo(fifo)
     gate = os.open(fifo, os.O_RDWR)  # holds both ends: the tool's open never blocks, its read does
@@ -223,8 +223,7 @@ def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
         pty.expect("interrupting the turn (Ctrl-C again to quit)")
         os.kill(proc.pid, signal.SIGINT)
         pty.expect("kbus: quitting")
-        os.write(gate, b"released\n")
-        assert proc.wait(timeout=30) == 130, pty.seen
+        assert proc.wait(timeout=30) == 130, pty.seen  # the tool is never released: quitting does not wait
         pty.expect("kbus chat: bye")
     finally:
         os.write(gate, b"released\n")
