@@ -8,13 +8,13 @@ each turn with its usage and the ids of the Router's usage receipts.
 Where the model runs:
 
 - in-process (the default): a node in this process with the Router (``actors.nodes.build_node``) and the
-  conversation. The catalog is ``AGENT_CATALOG`` unless ``--config FILE`` gives ``[providers.*]`` /
-  ``[models.*]`` tables (and optionally ``[node]``); receipts go to ``--data-dir``.
+  conversation. The catalog is the Router's built-in one (``DEFAULT_CATALOG``) unless ``--config FILE``
+  gives ``[providers.*]`` / ``[models.*]`` tables (and optionally ``[node]``); receipts go to ``--data-dir``.
 - ``--connect ENDPOINT --node NAME``: a running ``kbus node`` with the Router; this process runs the
   conversation and its tools (they work on this machine's files) and asks that node's Router for the model.
 
-The embedded ``smollm2`` model (135M parameters) is weak: in ``AGENT_CATALOG`` it may decide to call a tool on
-its first request and must answer in text after a tool result (``tool_choice_after_call = "none"``); the
+The embedded ``smollm2`` model (135M parameters) is weak: in the built-in catalog it may decide to call a tool
+on its first request and must answer in text after a tool result (``tool_choice_after_call = "none"``); the
 system prompt lists the tools with the exact call form; ``--max-steps`` bounds tool calls per turn. It follows
 a prompt that spells the call out (see ``DEMO_PROMPT``) and copies the calculator's ``"EXPR = VALUE"`` line
 into its answer; asked vaguely, it often calls a tool that does not exist.
@@ -52,43 +52,10 @@ CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Route
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
 
+
 # The in-process catalog. The 135M model decides between a call and an answer on its first request ("auto")
 # and must answer after a tool result ("none"): with "auto" again it called tools over and over. Greedy
 # sampling and a fixed seed make its answers repeatable.
-AGENT_CATALOG: Final[Mapping[str, Any]] = {
-    "providers": {
-        "smollm2-agent": {
-            "kind": "local",
-            "tool_choice": "auto",
-            "tool_choice_after_call": "none",
-            "temperature": 0.0,
-            "seed": 7,
-            "max_output_tokens": 160,
-        },
-        "scripted": {"kind": "scripted"},
-    },
-    "models": {
-        "smollm2": {
-            "provider": "smollm2-agent",
-            "provider_model": "SmolLM2-135M-Instruct",
-            "aliases": ["local", "default"],
-            "context_window": 4096,
-            "max_input_tokens": 3500,
-            "input_usd_per_mtok": 0.0,
-            "output_usd_per_mtok": 0.0,
-        },
-        "scripted": {
-            "provider": "scripted",
-            "provider_model": "scripted",
-            "context_window": 32768,
-            "max_input_tokens": 30000,
-            "input_usd_per_mtok": 0.0,
-            "output_usd_per_mtok": 0.0,
-        },
-    },
-}
-
-
 class CliError(Exception):
     """A one-line message for the user and the exit code that goes with it."""
 
@@ -280,7 +247,7 @@ def _default_data_dir() -> Path:
 def _in_process_settings(args: argparse.Namespace) -> Any:
     from config import from_mapping
 
-    raw: dict[str, Any] = dict(AGENT_CATALOG)
+    raw: dict[str, Any] = {}  # the Router's built-in catalog (actors/router/catalog.py DEFAULT_CATALOG)
     source, base_dir = "<kbus run>", None
     if args.config:
         path = Path(args.config)

@@ -395,6 +395,19 @@ class ModelCatalog:
         return f"ModelCatalog(models={[m.model for m in self._models]}, providers={list(self._providers)})"
 
 
+# The embedded 135M model as an agent can use it: it may decide to call a tool on its first request, must
+# answer in text after a tool result (with "auto" it calls again until its context is full), and samples
+# deterministically. Its context is the local provider's n_ctx (4096).
+_LOCAL_AGENT_OPTIONS: Mapping[str, object] = MappingProxyType(
+    {
+        "tool_choice": "auto",
+        "tool_choice_after_call": "none",
+        "temperature": 0.0,
+        "seed": 7,
+        "max_output_tokens": 160,
+    }
+)
+
 DEFAULT_CATALOG = ModelCatalog(
     (
         ModelEntry(
@@ -402,8 +415,8 @@ DEFAULT_CATALOG = ModelCatalog(
             provider="local",
             provider_model="SmolLM2-135M-Instruct",
             aliases=("local", "default"),
-            context_window=2048,
-            max_input_tokens=1536,
+            context_window=4096,
+            max_input_tokens=3500,
             prices=FREE,
         ),
         ModelEntry(
@@ -415,6 +428,9 @@ DEFAULT_CATALOG = ModelCatalog(
             prices=FREE,
         ),
     ),
-    (ProviderEntry(name="local", kind="local"), ProviderEntry(name="scripted", kind="scripted")),
+    (
+        ProviderEntry(name="local", kind="local", options=_LOCAL_AGENT_OPTIONS),
+        ProviderEntry(name="scripted", kind="scripted"),
+    ),
     source="<built-in>",
 )

@@ -23,6 +23,7 @@ from actors.agent_cli import (
 from actors.builtin_tools import builtin_tools
 from actors.cli import parser
 from actors.conversation import FinishReason, ToolRegistry
+from actors.router.catalog import ModelCatalog
 from config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -81,7 +82,8 @@ def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: 
     assert [(a.name, a.type) for a in settings.actors] == [("router", "router")]
     assert settings.node.data_dir == tmp_path
     assert settings.node.bind == ()  # in-process: nothing listens
-    assert "smollm2" in settings.extra["models"]
+    _, _, provider = ModelCatalog.from_settings(settings).resolve("smollm2")  # the built-in agent entry
+    assert provider.kind == "local" and provider.options["tool_choice_after_call"] == "none"
 
     config = tmp_path / "mine.toml"
     config.write_text('[node]\nname = "mine"\n[providers.scripted]\nkind = "scripted"\n')

@@ -208,10 +208,18 @@ def test_default_catalog_resolves_default() -> None:
         model="smollm2",
         provider=AgentProvider.LOCAL,
         provider_model="SmolLM2-135M-Instruct",
-        context_window_tokens=2048,
-        max_input_tokens=1536,
+        context_window_tokens=4096,
+        max_input_tokens=3500,
     )
-    assert provider == ProviderEntry(name="local", kind="local")
+    assert (provider.name, provider.kind) == ("local", "local")
+    # the agent settings the embedded model needs: it answers in text after a tool result
+    assert dict(provider.options) == {
+        "tool_choice": "auto",
+        "tool_choice_after_call": "none",
+        "temperature": 0.0,
+        "seed": 7,
+        "max_output_tokens": 160,
+    }
     assert entry.prices is not None
     assert entry.prices.cost_usd(TokenUsage(input_tokens=9, output_tokens=9)) == 0
     scripted, _, scripted_provider = DEFAULT_CATALOG.resolve("scripted")
