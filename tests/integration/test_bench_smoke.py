@@ -32,7 +32,11 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     # Run as a user would (shebang, re-exec into .venv), from a folder that is not the repository.
     proc = subprocess.run(
         [str(BENCH), "--quick", "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(out.read_text())
@@ -59,7 +63,11 @@ def test_only_picks_one_section(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [str(BENCH), "--quick", "--only", "rtt", "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(out.read_text())

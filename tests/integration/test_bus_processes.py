@@ -126,7 +126,11 @@ def bus(
     client_keys = KeyPair.generate() if transport == "tcp" else None
     clients = {CLI: client_keys} if client_keys is not None else {}
     _, link = start_server(
-        spawn_peer, transport, ipc_dir, make_keys, clients=clients,
+        spawn_peer,
+        transport,
+        ipc_dir,
+        make_keys,
+        clients=clients,
         args=("--recorder", "rec", "--stats-actor"),
     )
     return Bus(transport, connect_client(make_node, link, client_keys))
@@ -219,8 +223,12 @@ def test_peer_killed_mid_request_gives_unavailable(
 ) -> None:
     client_keys = KeyPair.generate() if transport == "tcp" else None
     peer, link = start_server(
-        spawn_peer, transport, ipc_dir, make_keys,
-        clients={CLI: client_keys} if client_keys else {}, args=("--announce-hold",),
+        spawn_peer,
+        transport,
+        ipc_dir,
+        make_keys,
+        clients={CLI: client_keys} if client_keys else {},
+        args=("--announce-hold",),
     )
     client = connect_client(make_node, link, client_keys)
     outcome: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -275,8 +283,13 @@ def _flooder(
                 continue
             n += 1
             header = Header(
-                id=new_id(), kind=Echo.TAG, src="flood/x", dst=f"{SRV}/echo", flow="ask",
-                ts=time.time(), seq=n,
+                id=new_id(),
+                kind=Echo.TAG,
+                src="flood/x",
+                dst=f"{SRV}/echo",
+                flow="ask",
+                ts=time.time(),
+                seq=n,
             )
             try:
                 sock.send_multipart([b"", encode_header(header), body], zmq.NOBLOCK)
@@ -305,7 +318,11 @@ def test_a_peer_that_stops_reading_does_not_stall_others(
     flood_keys = KeyPair.generate() if transport == "tcp" else None
     clients = {CLI: client_keys, "flood": flood_keys} if client_keys and flood_keys else {}
     _, link = start_server(
-        spawn_peer, transport, ipc_dir, make_keys, clients=clients,
+        spawn_peer,
+        transport,
+        ipc_dir,
+        make_keys,
+        clients=clients,
         args=("--actor", "echo2", "--stats-actor"),
     )
     client = connect_client(make_node, link, client_keys)
@@ -372,7 +389,11 @@ def test_ten_thousand_tells_over_tcp_arrive_in_order(
 ) -> None:
     client_keys = KeyPair.generate()
     _, link = start_server(
-        spawn_peer, "tcp", ipc_dir, make_keys, clients={CLI: client_keys},
+        spawn_peer,
+        "tcp",
+        ipc_dir,
+        make_keys,
+        clients={CLI: client_keys},
         args=("--recorder", "rec", "--stats-actor"),
     )
     client = connect_client(make_node, link, client_keys)
@@ -407,7 +428,11 @@ def test_request_expired_on_arrival_is_dropped_and_the_caller_gets_expired(
     skew, long = 600.0, 1200.0
     client_keys = KeyPair.generate()
     _, link = start_server(
-        spawn_peer, "tcp", ipc_dir, make_keys, clients={CLI: client_keys},
+        spawn_peer,
+        "tcp",
+        ipc_dir,
+        make_keys,
+        clients={CLI: client_keys},
         args=("--recorder", "rec", "--stats-actor"),
     )
     # A client whose wall clock is ten minutes slow: a deadline it stamps with a short timeout is already

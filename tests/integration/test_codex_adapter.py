@@ -76,6 +76,8 @@ def drain(turn: Turn, answer: Callable[[CodexToolCall], ToolResult] | None = Non
         if isinstance(event, ToolCallEvent) and answer is not None:
             turn.respond(event.call.call_id, answer(event.call), timeout=T)
         if isinstance(event, Done | ErrorEvent):
+            # TU-03: only text and tool calls come before the one terminal event
+            assert all(isinstance(e, TextDelta | ToolCallEvent) for e in events[:-1]), events
             return events
 
 
@@ -203,8 +205,9 @@ def test_wrong_late_and_duplicate_call_ids_are_invalid_and_send_nothing(
 
 
 def test_abandon_mid_tool_call_interrupts_and_frees_the_key(open_adapter: Any, model: Any) -> None:
-    """TU-05, TU-06, AD-11: abandon while a call is pending sends turn/interrupt (the model's next request
-    shows the call cancelled), yields no more events, and the key takes a new turn at once."""
+    """TU-05, TU-06, TU-11, AD-11: abandon while a call is pending sends turn/interrupt (the model's next
+    request shows the call cancelled), yields no more events, repr shows the key and state, and the key
+    takes a new turn at once."""
     server = model([TOOL_TURN[0], {"echo": True}])
     adapter = open_adapter(server)
     turn = adapter.start_turn("k", "weather?", timeout=T)

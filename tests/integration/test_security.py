@@ -85,8 +85,13 @@ def send_request(
     flags: int = 0,
 ) -> bytes:
     header = Header(
-        id=new_id(), kind=REGISTRY.tag_of(message), src=src, dst=dst, flow=flow,  # type: ignore[arg-type]
-        ts=time.time(), auth=auth,
+        id=new_id(),
+        kind=REGISTRY.tag_of(message),
+        src=src,
+        dst=dst,
+        flow=flow,  # type: ignore[arg-type]
+        ts=time.time(),
+        auth=auth,
     )
     sock.send_multipart([b"", encode_header(header), REGISTRY.encode(message)], flags)
     return header.id

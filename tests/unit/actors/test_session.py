@@ -946,3 +946,11 @@ def test_the_loop_service_refuses_a_bad_loop_name_and_keeps_serving(node: Node) 
     with pytest.raises(InvalidSessionRequest):
         node.request("n1/sessions", bad, timeout=WAIT)
     assert isinstance(node.request("n1/sessions", Ping(nonce=1), timeout=WAIT), Pong)
+
+
+def test_rt08_session_tool_outcome_constructors() -> None:
+    """RT-08: success/failure set ok; capture is None and every flag False."""
+    for made, ok in ((SessionToolOutcome.success("t"), True), (SessionToolOutcome.failure("t"), False)):
+        assert made == SessionToolOutcome(
+            text="t", ok=ok, capture=None, stop=False, finish_after_round=False, emitted_response=False
+        )

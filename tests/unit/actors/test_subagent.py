@@ -933,3 +933,13 @@ def test_a_run_the_caller_gave_up_on_stops_at_its_next_step(
     assert receipt.receipt.status == "interrupted"
     assert [e[1] for e in host.trace if e[0] == "execute_tool"] == ["slow"]  # c2 never ran
     assert not host.events(AuditEvent.Completed)
+
+
+def test_rt07_tool_outcome_constructors() -> None:
+    """RT-07: success/failure set ok and leave every other field empty."""
+    assert ToolOutcome.success("fine") == ToolOutcome(
+        text="fine", ok=True, state_updates=(), displayed_state_keys=(), capture=None
+    )
+    assert ToolOutcome.failure("no") == ToolOutcome(
+        text="no", ok=False, state_updates=(), displayed_state_keys=(), capture=None
+    )

@@ -43,9 +43,7 @@ def _write_log(path: Path, count: int, *, actor: str = "n1/echo") -> None:
     with CaptureWriter(path, node="n1", schema="schema-hash", seed=7) as writer:
         for i in range(count):
             # Varying sizes, so truncation tests cut records of different lengths.
-            writer.record(
-                "deliver", actor, [f"PAYLOAD-{i:04d}".encode(), b"x" * i], mono_ns=1000 + i
-            )
+            writer.record("deliver", actor, [f"PAYLOAD-{i:04d}".encode(), b"x" * i], mono_ns=1000 + i)
 
 
 def _spans(data: bytes) -> list[tuple[int, int]]:
@@ -95,9 +93,7 @@ def test_round_trip_from_four_threads_keeps_every_record_and_each_threads_order(
     assert [r.n for r in log.records] == list(range(4 * per_thread))
     for t in range(4):
         mine = [r for r in log.records if r.actor == f"n1/t{t}"]
-        assert [r.frames for r in mine] == [
-            (f"{t}:{j}".encode(), b"body") for j in range(per_thread)
-        ]
+        assert [r.frames for r in mine] == [(f"{t}:{j}".encode(), b"body") for j in range(per_thread)]
         assert all(r.at == "send" for r in mine)
     report = verify(path)
     assert report.ok, report.problems
@@ -363,9 +359,7 @@ def test_torn_tail_is_reported_with_offset_and_last_whole_record(tmp_path: Path)
             assert log.torn is None
             assert report.ok, report.problems
         else:
-            expected = TornTail(
-                offset=end_of_whole, size=length - end_of_whole, after_record=whole[-1]
-            )
+            expected = TornTail(offset=end_of_whole, size=length - end_of_whole, after_record=whole[-1])
             assert log.torn == expected
             assert report.torn == expected
             assert not report.ok
@@ -602,9 +596,7 @@ def test_hostile_records_raise_capture_error_naming_the_record(
 def test_huge_declared_length_is_refused_not_allocated(tmp_path: Path) -> None:
     path = tmp_path / "hostile.buslog"
     huge_bin = b"\x91\xc6\xff\xff\xff\xff"  # one frame claiming 4 GiB
-    path.write_bytes(
-        msgpack.packb(_header(), use_bin_type=True) + _BEFORE_FRAMES + huge_bin + b"j" * 20_000
-    )
+    path.write_bytes(msgpack.packb(_header(), use_bin_type=True) + _BEFORE_FRAMES + huge_bin + b"j" * 20_000)
     with pytest.raises(CaptureError, match=r"record #0 .*larger than max_record_bytes"):
         read_log(path, max_record_bytes=4096)
     assert not verify(path, max_record_bytes=4096).ok
@@ -616,9 +608,7 @@ def test_huge_declared_length_at_the_end_is_a_torn_tail_not_a_crash(tmp_path: Pa
     path.write_bytes(prefix + _BEFORE_FRAMES + b"\x91\xc6\xff\xff\xff\xff" + b"j" * 100)
     log = read_log(path)
     assert [r.n for r in log.records] == [0]
-    assert log.torn == TornTail(
-        offset=len(prefix), size=len(path.read_bytes()) - len(prefix), after_record=0
-    )
+    assert log.torn == TornTail(offset=len(prefix), size=len(path.read_bytes()) - len(prefix), after_record=0)
 
 
 @pytest.mark.parametrize(

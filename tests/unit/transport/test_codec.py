@@ -131,8 +131,14 @@ def header_with_raw_slot(name: str, raw: bytes) -> bytes:
 def old_header_map(**extra: Any) -> dict[str, Any]:
     """A header as the old (map) format carried it: required keys, optional ones only when set."""
     return {
-        "v": FORMAT_VERSION, "id": ID, "kind": "echo", "src": "n1/client.1", "dst": "n2/echo",
-        "flow": "ask", "ts": 1700000000.25, **extra,
+        "v": FORMAT_VERSION,
+        "id": ID,
+        "kind": "echo",
+        "src": "n1/client.1",
+        "dst": "n2/echo",
+        "flow": "ask",
+        "ts": 1700000000.25,
+        **extra,
     }
 
 
@@ -234,6 +240,7 @@ NEAR_MISSES: tuple[tuple[str, str, Any, str], ...] = (
     ("deadline", "false", False, "bool"),
 )
 
+
 def _wrong_type_case(slot: str, label: str, value: Any, type_name: str) -> Any:
     match = rf"^header '{slot}' is a {type_name}$"
     return pytest.param(header_frame(**{slot: value}), match, id=f"{slot}-is-{label}")
@@ -291,24 +298,45 @@ def _shape_cases() -> list[Any]:
         p(pack(old_header_map()), not_16 + r"dict\)", id="old-map-header"),
         p(pack(old_header_map(seq=2, corr=ID2)), not_16 + r"dict\)", id="old-map-header-with-optionals"),
         p(pack(Header(*slots)._asdict()), not_16 + r"dict\)", id="map-with-all-16-keys"),
-        p(map_by_hand([*old_header_map().items(), ("kind", "echo")]), not_16 + r"dict\)",
-          id="old-map-duplicate-key-same-value"),
-        p(map_by_hand([*old_header_map().items(), ("dst", "n2/other")]), not_16 + r"dict\)",
-          id="old-map-duplicate-key-new-value"),
-        p(map_by_hand([*old_header_map().items(), ("v", FORMAT_VERSION)], map16=True), not_16 + r"dict\)",
-          id="old-map16-duplicate-key"),
+        p(
+            map_by_hand([*old_header_map().items(), ("kind", "echo")]),
+            not_16 + r"dict\)",
+            id="old-map-duplicate-key-same-value",
+        ),
+        p(
+            map_by_hand([*old_header_map().items(), ("dst", "n2/other")]),
+            not_16 + r"dict\)",
+            id="old-map-duplicate-key-new-value",
+        ),
+        p(
+            map_by_hand([*old_header_map().items(), ("v", FORMAT_VERSION)], map16=True),
+            not_16 + r"dict\)",
+            id="old-map16-duplicate-key",
+        ),
         p(pack(dict(enumerate(slots))), "int is not allowed for map key", id="map-with-int-keys-0-to-15"),
-        p(map_by_hand([(1, 1), *old_header_map().items()]), "int is not allowed for map key",
-          id="old-map-with-an-int-key"),
-        p(map_by_hand([(None, 1), *old_header_map().items()]), "NoneType is not allowed for map key",
-          id="old-map-with-a-nil-key"),
-        p(map_by_hand([(k.encode(), v) for k, v in old_header_map().items()]), not_16 + r"dict\)",
-          id="old-map-with-bytes-keys"),
+        p(
+            map_by_hand([(1, 1), *old_header_map().items()]),
+            "int is not allowed for map key",
+            id="old-map-with-an-int-key",
+        ),
+        p(
+            map_by_hand([(None, 1), *old_header_map().items()]),
+            "NoneType is not allowed for map key",
+            id="old-map-with-a-nil-key",
+        ),
+        p(
+            map_by_hand([(k.encode(), v) for k, v in old_header_map().items()]),
+            not_16 + r"dict\)",
+            id="old-map-with-bytes-keys",
+        ),
         p(pack({}), not_16 + r"dict\)", id="empty-map"),
         p(pack(old_header_map(kind=msgpack.ExtType(42, b"x"))), "ext type 42", id="old-map-with-unknown-ext"),
         p(pack(slots[::-1]), r"^header 'id' is a int$", id="slots-reversed"),
-        p(pack([FORMAT_VERSION, *slots[:-1]]), r"^header 'id' is a int$",
-          id="version-first-like-the-old-map"),
+        p(
+            pack([FORMAT_VERSION, *slots[:-1]]),
+            r"^header 'id' is a int$",
+            id="version-first-like-the-old-map",
+        ),
     ]
 
 
@@ -320,8 +348,11 @@ def _slot_content_cases() -> list[Any]:
     return [
         p(raw("kind", b"\x91" * 3000 + b"\xc0"), "StackError", id="kind-3000-nested-arrays"),
         p(raw("conv", b"\x81\xa1a" * 2000 + b"\xc0"), "StackError", id="conv-2000-nested-maps"),
-        p(header_frame(kind=nested_lists(MAX_DEPTH + 5)), r"^header 'kind' is a tuple$",
-          id="kind-nested-arrays-within-stack"),
+        p(
+            header_frame(kind=nested_lists(MAX_DEPTH + 5)),
+            r"^header 'kind' is a tuple$",
+            id="kind-nested-arrays-within-stack",
+        ),
         p(raw("kind", b"\xa2\xff\xfe"), "UnicodeDecodeError", id="kind-invalid-utf8"),
         p(raw("src", b"\xa3\xed\xa0\x80"), "UnicodeDecodeError", id="src-utf8-surrogate"),
         p(raw("auth", b"\xa2\xc0\xaf"), "UnicodeDecodeError", id="auth-overlong-utf8"),
@@ -330,8 +361,11 @@ def _slot_content_cases() -> list[Any]:
         p(header_frame(idem=msgpack.ExtType(127, b"")), f"{ext} 127$", id="idem-ext-127"),
         p(raw("corr", b"\xd4\xfb\x00"), f"{ext} -5$", id="corr-negative-ext"),
         p(header_frame(ts=msgpack.Timestamp(1, 0)), r"^header 'ts' is a Timestamp$", id="ts-timestamp-ext"),
-        p(header_frame(deadline=msgpack.Timestamp(1, 0)), r"^header 'deadline' is a Timestamp$",
-          id="deadline-timestamp-ext"),
+        p(
+            header_frame(deadline=msgpack.Timestamp(1, 0)),
+            r"^header 'deadline' is a Timestamp$",
+            id="deadline-timestamp-ext",
+        ),
         p(raw("ts", b"\xd5\xff\x00\x00"), "invalid timestamp data", id="ts-malformed-timestamp"),
     ]
 
@@ -474,17 +508,29 @@ def _hostile_bodies() -> list[Any]:
         p("echo", pack({"data": nested_lists(MAX_DEPTH + 5)}), "too deep", id="jsonvalue-lists-too-deep"),
         # Past msgpack's own stack limit (and past what packb would even write): built by hand.
         p("echo", b"\x81\xa4data" + b"\x81\xa1a" * 2000 + b"\x01", "undecodable", id="jsonvalue-maps-2000"),
-        p("sys.error", pack({"error": "x", "message": "m", "cause": nested_causes(MAX_DEPTH + 5)}),
-          "too deep", id="error-cause-chain-past-max-depth"),
-        p("sys.error", pack({"error": "x", "message": "m", "fields": nested_maps(MAX_DEPTH + 5)}),
-          "too deep", id="error-fields-past-max-depth"),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "cause": nested_causes(MAX_DEPTH + 5)}),
+            "too deep",
+            id="error-cause-chain-past-max-depth",
+        ),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "fields": nested_maps(MAX_DEPTH + 5)}),
+            "too deep",
+            id="error-fields-past-max-depth",
+        ),
         p("echo", pack({1: 2}), "map key", id="int-map-key"),
         p("echo", pack({"data": {1: 2}}), "map key", id="int-map-key-nested"),
         p("echo", pack({"data": {None: 2}}), "map key", id="nil-map-key-nested"),
         p("echo", map_by_hand([(b"text", "x")]), "unknown fields", id="bytes-key-top-level"),
         p("echo", pack({"data": {b"k": 1}}), "str", id="bytes-key-in-jsonvalue"),
-        p("sys.error", pack({"error": "x", "message": "m", "fields": {b"k": 1}}), "str",
-          id="bytes-key-in-dict-field"),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "fields": {b"k": 1}}),
+            "str",
+            id="bytes-key-in-dict-field",
+        ),
         p("echo", b"\x81\xa4text\xa2\xff\xfe", "undecodable", id="invalid-utf8-value"),
         p("echo", b"\x81\xa2\xff\xfe\x01", "undecodable", id="invalid-utf8-key"),
         p("echo", pack({"data": msgpack.ExtType(42, b"xyz")}), "ext", id="unknown-ext-42"),
@@ -516,14 +562,30 @@ def _hostile_bodies() -> list[Any]:
         p("echo.stream", pack({"count": [3]}), "expected int", id="array-where-int"),
         p("sys.error", pack({"error": "x", "message": "m", "fields": [1]}), "map", id="array-where-map"),
         p("sys.error", pack({"error": "x", "message": "m", "cause": "c"}), "cause", id="str-where-nested"),
-        p("sys.error", pack({"error": "x", "message": "m", "cause": {"error": "x", "message": "m"}}),
-          "cause", id="nested-without-tag"),
-        p("sys.error", pack({"error": "x", "message": "m", "cause": {"$t": "sys.ok"}}), "cause",
-          id="nested-with-wrong-tag"),
-        p("sys.error", pack({"error": "x", "message": "m", "cause": {"$t": "sys.error", "error": 1}}),
-          "cause: error", id="nested-with-bad-field"),
-        p("sys.error", pack({"error": "x", "message": "m", "exc_type": 3}), "exc_type",
-          id="int-where-optional-str"),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "cause": {"error": "x", "message": "m"}}),
+            "cause",
+            id="nested-without-tag",
+        ),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "cause": {"$t": "sys.ok"}}),
+            "cause",
+            id="nested-with-wrong-tag",
+        ),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "cause": {"$t": "sys.error", "error": 1}}),
+            "cause: error",
+            id="nested-with-bad-field",
+        ),
+        p(
+            "sys.error",
+            pack({"error": "x", "message": "m", "exc_type": 3}),
+            "exc_type",
+            id="int-where-optional-str",
+        ),
     ]
 
 
@@ -606,8 +668,14 @@ def test_hostile_typed_fields_raise_protocol_error(body: dict[str, Any]) -> None
 
 def test_typed_fields_round_trip() -> None:
     m = Typed(
-        mode="b", colour=Colour.BLUE, ident=uuid.uuid4(), pair=(3, "x"), items=[1, 2],
-        names=("p", "q"), scores={"a": 1.5, "b": 2.0}, inner=Ping(nonce=4),
+        mode="b",
+        colour=Colour.BLUE,
+        ident=uuid.uuid4(),
+        pair=(3, "x"),
+        items=[1, 2],
+        names=("p", "q"),
+        scores={"a": 1.5, "b": 2.0},
+        inner=Ping(nonce=4),
     )
     assert TYPED.decode(Typed.TAG, TYPED.encode(m)) == m
 
@@ -865,8 +933,11 @@ def test_decode_returns_the_registered_class() -> None:
 
 def _one_field(name: str, hint: Any) -> type[Any]:
     cls = dataclasses.make_dataclass(
-        "Versioned", [("value", hint, dataclasses.field(default=None))],
-        namespace={"TAG": name}, frozen=True, kw_only=True,
+        "Versioned",
+        [("value", hint, dataclasses.field(default=None))],
+        namespace={"TAG": name},
+        frozen=True,
+        kw_only=True,
     )
     return cls
 
@@ -913,8 +984,10 @@ WIRE_VALUE = st.recursive(
     | st.binary(max_size=20)
     | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=20))
     | st.builds(msgpack.Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 999_999_999)),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6) | st.binary(max_size=4), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=6) | st.binary(max_size=4), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -977,4 +1050,3 @@ def test_fuzz_body_maps_raise_only_protocol_error(data: st.DataObject) -> None:
     # Bytes, not ==: a NaN off the wire is legal in a float or JsonValue field and never equals itself.
     frame = reg.encode(message)
     assert reg.encode(reg.decode(cls.TAG, frame)) == frame
-

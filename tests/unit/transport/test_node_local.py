@@ -116,7 +116,12 @@ def _blocking_calls(node: Node) -> dict[str, Callable[[], Any]]:
 
 
 BLOCKING_CALLS = (
-    "request", "stream", "future.result", "future.exception", "future.parts", "call_in_io_thread",
+    "request",
+    "stream",
+    "future.result",
+    "future.exception",
+    "future.parts",
+    "call_in_io_thread",
 )
 
 
