@@ -162,9 +162,14 @@ class StatusReply:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecuteTool:
+    """Run one tool call. ``idempotency_key`` (conversation id, turn, step, call id; never an attempt
+    number) is stable across retries and resumes: a host with an effect store runs each key at most once and
+    answers a repeat with the stored outcome. An empty key runs the call without that protection."""
+
     TAG: ClassVar[str] = "conv.host.execute"
     name: str
     arguments: dict[str, JsonValue]
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

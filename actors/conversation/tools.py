@@ -55,11 +55,17 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolExecution:
-    """One tool call's result: ``ok`` False for an unknown tool, bad arguments or a tool that raised."""
+    """One tool call's result: ``ok`` False for an unknown tool, bad arguments or a tool that raised.
+
+    ``unknown`` True: the call may or may not have run (its host died while it ran, or the host could not
+    be reached after the request left); ``ok`` is then False and ``text`` says so. Such a call is never run
+    again by its idempotency key unless its tool was registered ``rerun_safe``.
+    """
 
     TAG: ClassVar[str] = "conv.tool_execution"
     ok: bool
     text: str
+    unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,8 @@ class _Tool:
     params: tuple[str, ...]
     required: frozenset[str]
     wants_sink: bool
+    mutating: bool = False  # changes something outside the conversation (plan mode, permission hooks)
+    rerun_safe: bool = False  # may run again for a key whose earlier run's outcome is unknown
 
 
 def _schema(hint: Any) -> dict[str, Any]:
@@ -158,9 +166,20 @@ class ToolRegistry:
         self._sink: EventSinkLike | None = None
 
     def register(
-        self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        mutating: bool = False,
+        rerun_safe: bool = False,
     ) -> ToolSpec:
-        """Add ``fn`` as a tool (replacing a tool of the same name, ES-04) and return its spec."""
+        """Add ``fn`` as a tool (replacing a tool of the same name, ES-04) and return its spec.
+
+        ``mutating``: the tool changes files or the world (plan mode denies it; the permission layer may
+        ask). ``rerun_safe``: running it twice does no harm, so a call whose earlier outcome is unknown (its
+        host died mid-run) may run again under the same idempotency key instead of answering "unknown".
+        """
         tool_name: str = name or str(getattr(fn, "__name__", ""))
         if not _NAME.match(tool_name):
             raise ToolRegistryError(f"{tool_name!r} is not a usable tool name")
@@ -191,8 +210,19 @@ class ToolRegistry:
             description=description if description is not None else summary,
             parameters={"type": "object", "properties": properties, "required": required},
         )
-        self._tools[tool_name] = _Tool(spec, fn, tuple(params), frozenset(required), wants_sink)
+        self._tools[tool_name] = _Tool(
+            spec, fn, tuple(params), frozenset(required), wants_sink, mutating=mutating, rerun_safe=rerun_safe
+        )
         return spec
+
+    def is_mutating(self, name: str) -> bool:
+        tool = self._tools.get(name)
+        return tool is not None and tool.mutating
+
+    def is_rerun_safe(self, name: str) -> bool:
+        """An unknown tool is rerun-safe: running it only answers "unknown tool" again."""
+        tool = self._tools.get(name)
+        return tool is None or tool.rerun_safe
 
     def names(self) -> list[str]:
         return list(self._tools)
