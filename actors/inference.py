@@ -55,7 +55,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import TRANSPORT_ERRORS, BusError, NotDelivered, Unavailable
+from transport.errors import TRANSPORT_ERRORS, BusError, Expired, NotDelivered, Unavailable
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, chained, forbid_blocking
@@ -272,8 +272,12 @@ def _describe(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def inference_error(error: BaseException) -> InferenceError:
-    """The handle's error for a Router (or transport) failure: receipt kept, the original as ``__cause__``."""
+def inference_error(error: BaseException) -> BusError:
+    """The handle's error for a Router failure: receipt kept, the original as ``__cause__``. A transport
+    outcome of the hop to the Router (``NotDelivered``: nothing ran; ``Unavailable``: outcome unknown;
+    ``Expired``) stays itself, so every caller can tell by class whether a retry is safe."""
+    if isinstance(error, NotDelivered | Unavailable | Expired):
+        return error
     receipt = error.receipt if isinstance(error, RouterError) else None
     cls: type[InferenceError] = InferenceError
     if isinstance(error, TurnTimedOut):
@@ -288,7 +292,7 @@ def inference_error(error: BaseException) -> InferenceError:
 
 # ----------------------------------------------------------------------------------- the handle actor
 
-Outcome = Event | InferenceError | None  # what one Router read gives a reader (None: closed, SI-09)
+Outcome = Event | BusError | None  # what one Router read gives a reader (None: closed, SI-09)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +317,7 @@ class Terminal:
     why: str
     operation_id: uuid.UUID | None = None
     model: ResolvedAgentModel | None = None
-    start_error: InferenceError | None = None
+    start_error: BusError | None = None
 
 
 State = Starting | Active | Terminal
@@ -514,9 +518,9 @@ class InferenceHandleActor(BusActor):
         assert isinstance(state, Active) and state.readers
         ctx, rest = state.readers[0], state.readers[1:]
         self._state = replace(state, readers=rest)
-        if isinstance(outcome, InferenceError):
+        if isinstance(outcome, BusError):
             ctx.fail(outcome)
-            if outcome.receipt is not None:
+            if getattr(outcome, "receipt", None) is not None:
                 self._terminate("the provider turn failed; its receipt was reported")  # SI-16
         elif outcome is None:
             ctx.reply(Ok())  # SI-09: closed without completion; the handle stays active
@@ -532,7 +536,7 @@ class InferenceHandleActor(BusActor):
             return
         error = inference_error(reply.error)
         state = self._state
-        if error.receipt is not None:
+        if getattr(error, "receipt", None) is not None:
             self._terminate("the provider turn ended; its receipt was reported")
         elif isinstance(state, Active) and not isinstance(reply.error, InvalidCallId):
             self._state = replace(state, surfaced=state.surfaced | {call_id})  # SI-11: still answerable
@@ -554,7 +558,7 @@ class InferenceHandleActor(BusActor):
         error = inference_error(reply.error)
         self._state = replace(state, accountants=rest)
         ctx.fail(error)
-        if error.receipt is not None:
+        if getattr(error, "receipt", None) is not None:
             self._terminate("the provider turn ended; its receipt was reported")
         elif rest:
             self._account(state.operation_id)  # SI-14: not terminal; the next caller tries again

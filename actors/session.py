@@ -55,6 +55,7 @@ from actors.types import (
     UsageReceipt,
     note_accounting_failure,
     restore_accounting_note,
+    retry_class,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired
@@ -463,6 +464,7 @@ class SessionLoopActor(BusActor):
         self._cancelled = False
         self._reading = False  # a NextEvent is in flight
         self._interrupt: dict[str, Reply] | None = None  # a cancelled read: its answers, by kind
+        self._progressed = False  # a provider turn started or a tool ran: a later NotDelivered is Unavailable
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -659,6 +661,7 @@ class SessionLoopActor(BusActor):
             return
         started: InferenceStarted = reply.message
         self._handle_op = started.operation_id
+        self._progressed = True
         self._next()
 
     def _next(self) -> None:
@@ -698,6 +701,7 @@ class SessionLoopActor(BusActor):
         request = self._request
         assert request is not None and self._handle_op is not None
         self._used_tool = True
+        self._progressed = True
         execute = HostExecuteTool(
             call_id=call_id,
             call=call,
@@ -840,7 +844,7 @@ class SessionLoopActor(BusActor):
         self._release_handle()
         ctx = self._ctx
         if ctx is not None and not ctx.done:
-            ctx.fail(error)
+            ctx.fail(retry_class(error, progressed=self._progressed))
         self.stop()
 
 

@@ -61,6 +61,7 @@ from actors.types import (
     UsageReceipt,
     note_accounting_failure,
     restore_accounting_note,
+    retry_class,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired
@@ -341,6 +342,7 @@ class SubagentRunActor(BusActor):
     def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
         super().__init__(node, address)
         self._handle_timeout = handle_timeout
+        self._progressed = False  # the provider turn started: a later NotDelivered is Unavailable
         self._ctx: Context | None = None
         self._request: RunRequest | None = None
         self._host = ""
@@ -528,6 +530,7 @@ class SubagentRunActor(BusActor):
             return
         started: InferenceStarted = reply.message
         self._handle_op = started.operation_id  # SA-20: the run's child operation, stable for the run
+        self._progressed = True
         self._next()
 
     # --------------------------------------------------------------------------------- events
@@ -804,7 +807,7 @@ class SubagentRunActor(BusActor):
         self._release_handle()
         ctx = self._ctx
         if ctx is not None and not ctx.done:
-            ctx.fail(error)
+            ctx.fail(retry_class(error, progressed=self._progressed))
         self.stop()
 
 

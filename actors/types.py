@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from transport.codec import JsonValue
-from transport.errors import BusError
+from transport.errors import BusError, NotDelivered, Unavailable
 
 CALL_KTOOL = "call_ktool"  # the one native tool every provider path declares (RT-04)
 
@@ -206,4 +206,19 @@ def note_accounting_failure(error: BaseException, accounting: BaseException) -> 
 def restore_accounting_note(error: BaseException) -> BaseException:
     if isinstance(error, BusError) and "accounting_error" in error.details:
         error.add_note(str(error.details["accounting_error"]))
+    return error
+
+
+def retry_class(error: BaseException, *, progressed: bool) -> BaseException:
+    """The error a multi-step operation (a session run, a subagent run, a turn) ends with, so its caller can
+    choose by class whether a retry is safe: ``NotDelivered`` from a later hop of an operation that had
+    already done something (a provider turn started, a tool ran) means the operation's outcome is unknown,
+    so it becomes ``Unavailable`` (the hop's error kept as its cause); ``NotDelivered`` before anything ran,
+    ``Unavailable``, ``Expired`` and every other error stay as they are."""
+    if progressed and isinstance(error, NotDelivered):
+        unknown = Unavailable(
+            f"the operation had started when a later step was not delivered: {error.message}"
+        )
+        unknown.__cause__ = error
+        return unknown
     return error

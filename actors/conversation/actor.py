@@ -6,10 +6,17 @@ answered at once, mid-turn included: the actor never blocks its mailbox.
 
 Each turn, and each compaction's summary, is a kernel run (kernel.py): one ``run_session`` over the Router
 with this actor as its ``SessionHost``.
+
+The session file is a write-ahead journal (journal.py): a turn's user message is on disk before the turn's
+first model request, each tool call before it is sent, the turn's end before its caller hears of it. Resumed
+from a file whose last turn has no end, the conversation holds that turn as *interrupted*: ``ContinueTurn``
+goes on with it (asking the tool host again by each call's idempotency key), any other transcript command
+first closes it, its unknown outcomes kept in the transcript as such.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import deque
@@ -21,7 +28,7 @@ import pykka
 
 from actors.base import DEFER, Context
 from actors.conversation import compaction
-from actors.conversation.journal import Journal, read_journal
+from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
     HOST_TIMEOUT,
     SUMMARY_TOOL_DESCRIPTION,
@@ -38,9 +45,11 @@ from actors.conversation.messages import (
     CompactNow,
     CompactPartialAfter,
     CompactPartialBefore,
+    ContinueTurn,
     ConversationError,
     EnqueueResult,
     EnqueueText,
+    ExecuteTool,
     GetStatus,
     GetTranscript,
     ListTools,
@@ -57,7 +66,7 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
-from actors.conversation.tools import ToolSpec, describe_tools
+from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -65,6 +74,7 @@ from actors.conversation.types import (
     FinishReason,
     Message,
     MessageAppended,
+    MessageToolCall,
     RuntimeOutcome,
     SessionEnd,
     TurnFinished,
@@ -78,6 +88,7 @@ from actors.session import (
     HostPrepareRound,
     HostRecord,
 )
+from transport.errors import Expired, NotDelivered, Unavailable
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
@@ -101,6 +112,19 @@ class _HooksDone:
     ctx: Context
 
 
+# Commands that change the transcript: an interrupted turn is closed before any of them runs.
+CONVERSATION_TRANSCRIPT_COMMANDS = (
+    RunTurn,
+    EnqueueText,
+    MaybeCompact,
+    CompactNow,
+    CompactPartialBefore,
+    CompactPartialAfter,
+    SetTranscript,
+    TruncateTranscript,
+)
+
+
 class ConversationActor(KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
@@ -116,14 +140,20 @@ class ConversationActor(KernelHost):
         self._closed = False
         self._token: str | None = None
         self._cancelled: set[str] = set()
-        self._journal: Journal | None = None
+        self._interrupted: InterruptedTurn | None = None
         path = config.session_file
         if path is not None:
-            if config.resume and path.exists():
-                restored = read_journal(path)
+            restored = read_journal(path) if config.resume and path.exists() else None
+            journal = Journal(path, truncate=not config.resume, sync=config.journal_sync)
+            if restored is not None:
                 self._transcript = list(restored.transcript)
                 self._turn_index = restored.turn_index
-            self._journal = Journal(path, truncate=not config.resume)
+                self._interrupted = restored.interrupted
+            if restored is not None and restored.conversation_id is not None:
+                self._conversation_id = restored.conversation_id
+            else:
+                journal.session(self._conversation_id)
+            self._journal = journal
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -145,6 +175,7 @@ class ConversationActor(KernelHost):
                     event_sink=self._sink,
                     transcript_len=len(self._transcript),
                     closed=self._closed,
+                    interrupted_turn=self._interrupted.turn_index if self._interrupted is not None else None,
                 )
             case SetInterruptToken(token_id=token_id, cancelled=cancelled):
                 self._token = token_id
@@ -182,6 +213,7 @@ class ConversationActor(KernelHost):
             # commands: one at a time, in arrival order
             case (
                 RunTurn()
+                | ContinueTurn()
                 | EnqueueText()
                 | MaybeCompact()
                 | CompactNow()
@@ -231,13 +263,19 @@ class ConversationActor(KernelHost):
         log.log(level, "%s: " + msg, self.address, *args, extra=extra or None)
 
     def _emit(self, event: Any) -> None:
-        if self._journal is not None:
-            try:
-                self._journal.event(event)
-            except OSError:  # a full disk must not wedge the session: loud, and the turn goes on
-                log.exception("%s: cannot write the session file", self.address)
+        """An event for the sink (the journal is written separately, ahead of what it records)."""
         if self._sink is not None:
             self.tell_to(self._sink, event)
+
+    def _write(self, what: str, write: Callable[[Journal], None]) -> None:
+        """A journal record that must be on disk before anyone acts on it: ``ConversationError`` if not."""
+        if self._journal is None:
+            return
+        try:
+            write(self._journal)
+        except OSError as exc:
+            log.exception("%s: cannot write the session file", self.address)
+            raise ConversationError(f"the session file cannot be written ({what}): {exc}") from exc
 
     def ask(self, dst: str, message: Any, then: Callable[[Reply], None], **kwargs: Any) -> bytes:
         """``BusActor.ask`` whose continuation, should it raise (a bug), fails the running command instead
@@ -257,10 +295,6 @@ class ConversationActor(KernelHost):
 
     def _cancel_requested(self) -> bool:
         return self._token is not None and self._token in self._cancelled
-
-    def _append(self, message: Message) -> None:
-        self._transcript.append(message)
-        self._emit(MessageAppended(message=message, index=len(self._transcript) - 1))
 
     # --------------------------------------------------------------------------------- commands
     def _drain(self) -> None:
@@ -296,7 +330,11 @@ class ConversationActor(KernelHost):
 
     def _start(self, command: _Command) -> None:
         ctx = command.ctx
+        if isinstance(command.message, CONVERSATION_TRANSCRIPT_COMMANDS):
+            self._close_interrupted()
         match command.message:
+            case ContinueTurn():
+                self._continue_turn(ctx)
             case RunTurn(text=text) | EnqueueText(text=text):
                 self._start_turn(text, ctx, wrap=isinstance(command.message, EnqueueText))
             case MaybeCompact(usage=usage):
@@ -308,17 +346,15 @@ class ConversationActor(KernelHost):
             case CompactPartialAfter(pivot_index=p):
                 self._compact_after(p, lambda error: self._done(ctx, error))
             case SetTranscript(messages=messages):
+                self._write("set_transcript", lambda j: j.replaced(messages))
                 self._transcript = list(messages)
-                if self._journal is not None:
-                    self._journal.replaced(messages)
                 self._done(ctx, None)
             case TruncateTranscript(length=length):
                 if length < 0:
                     raise ConversationError(f"truncate_transcript needs a length >= 0, not {length}")
                 if length < len(self._transcript):
+                    self._write("truncate_transcript", lambda j: j.truncated(length))
                     del self._transcript[length:]
-                    if self._journal is not None:
-                        self._journal.truncated(length)
                 self._done(ctx, None)
             case CloseSession(last_outcome=last):
                 self._close(last, ctx)
@@ -376,9 +412,11 @@ class ConversationActor(KernelHost):
     # ------------------------------------------------------------------------------------ turns
     def _start_turn(self, text: str, ctx: Context, *, wrap: bool) -> None:
         index = self._turn_index
+        user = Message.user(text)
+        user_at = len(self._transcript)
+        self._write("the user message", lambda j: j.turn_started(index, user_at, user))  # before any effect
         self._turn_index += 1  # CV-05: a turn counts once started
-        self._transcript.append(Message.user(text))  # CV-01 (its event follows the turn, CV-09)
-        user_at = len(self._transcript) - 1
+        self._transcript.append(user)  # CV-01 (its event follows the turn, CV-09)
         self._log(
             logging.INFO,
             "turn %d started (model %s)",
@@ -410,22 +448,138 @@ class ConversationActor(KernelHost):
                 render_input(self.config.system_prompt, self._transcript),
                 describe_tools(specs),
                 turn_index=index,
+                base=len(self._transcript),
             )
             self._kernel(run, lambda error: self._turn_ran(run, user_at, error, answer))
+
+        self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
+
+    # ------------------------------------------------------------------------ interrupted turns
+    def _close_interrupted(self) -> None:
+        """Move on from an interrupted turn without continuing it: its unknown-outcome placeholders (already
+        in the transcript) are journaled, and the turn is closed."""
+        it = self._interrupted
+        if it is None:
+            return
+        messages = self._transcript[it.length : it.length + 2 * len(it.pending)]
+
+        def write(journal: Journal) -> None:
+            for offset, message in enumerate(messages):
+                journal.appended(it.length + offset, message)
+            journal.closed(it.turn_index, "interrupted")
+
+        self._write("closing the interrupted turn", write)
+        self._interrupted = None
+
+    def _continue_turn(self, ctx: Context) -> None:
+        it = self._interrupted
+        if it is None:
+            raise ConversationError("there is no interrupted turn to continue")
+        self._interrupted = None
+        del self._transcript[it.length :]  # the placeholders: each call is asked again below
+        pending = list(it.pending)
+        self._log(logging.INFO, "continuing turn %d (%d call(s) to settle)", it.turn_index, len(pending))
+
+        def suspended(error: BaseException, call: PendingCall) -> None:
+            """The host could not settle a call: the turn stays interrupted, as it was."""
+            rest = (call, *pending)
+            self._interrupted = InterruptedTurn(
+                it.turn_index, it.user_at, it.steps, rest, len(self._transcript)
+            )
+            self._transcript.extend(placeholders(rest))
+            self._done(ctx, error)
+
+        def settle() -> None:
+            if not pending:
+                self._resume_kernel(it, ctx)
+                return
+            call = pending.pop(0)
+
+            def executed(reply: Reply) -> None:
+                error = reply.error
+                if isinstance(error, NotDelivered | Unavailable | Expired):
+                    suspended(error, call)
+                    return
+                if error is None and isinstance(reply.message, ToolExecution):
+                    result = reply.message
+                else:
+                    result = ToolExecution(ok=False, text=f"the tool host failed: {error or reply.message}")
+                settled = [
+                    Message.assistant(
+                        call.text,
+                        (MessageToolCall(id=call.call_id, name=call.name, arguments=call.arguments),),
+                    ),
+                    Message.tool(call.call_id, result.text, is_error=not result.ok),
+                ]
+                for message in settled:
+                    self._transcript.append(message)
+                    if self._journal is not None:
+                        self._journal.appended(len(self._transcript) - 1, message)
+                settle()
+
+            self.ask(
+                self.config.host,
+                ExecuteTool(name=call.name, arguments=json.loads(call.arguments), idempotency_key=call.key),
+                executed,
+                timeout=HOST_TIMEOUT,
+            )
+
+        settle()
+
+    def _resume_kernel(self, it: InterruptedTurn, ctx: Context) -> None:
+        """The interrupted turn's calls are settled: the model goes on from the transcript as it is."""
+
+        def answer(result: Any) -> None:
+            self._done(ctx, result)
+
+        def listed(reply: Reply) -> None:
+            if reply.error is not None:
+                self._fail_turn(it.user_at, reply.error, answer)
+                return
+            specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
+            run = KernelRun(
+                "turn",
+                "",
+                self._model,
+                render_input(self.config.system_prompt, self._transcript),
+                describe_tools(specs),
+                turn_index=it.turn_index,
+                steps=it.steps,
+                base=len(self._transcript),
+            )
+            self._kernel(run, lambda error: self._turn_ran(run, it.user_at, error, answer))
 
         self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
 
     def _turn_ran(
         self, run: KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]
     ) -> None:
-        if error is not None:
+        if run.suspended is not None and run.suspended_call is not None:
+            self._suspend_turn(run, user_at, run.suspended_call, answer)
+        elif error is not None:
             self._fail_turn(user_at, error, answer)
         else:
             self._finish_turn(run, user_at, answer)
 
+    def _suspend_turn(
+        self, run: KernelRun, user_at: int, call: PendingCall, answer: Callable[[Any], None]
+    ) -> None:
+        """A tool call's outcome became unknown (its host failed after the call left): the turn's completed
+        steps stay, the call is shown with an unknown outcome, and the turn stays open for ``continue_turn``;
+        the caller gets the transport error (``Unavailable`` or ``Expired``) that says so."""
+        assert run.suspended is not None
+        self._transcript.extend(run.new)
+        self._interrupted = InterruptedTurn(
+            run.turn_index, user_at, run.steps, (call,), len(self._transcript)
+        )
+        self._transcript.extend(placeholders((call,)))
+        self._log(logging.WARNING, "turn %d suspended: %r", run.turn_index, run.suspended)
+        answer(run.suspended)
+
     def _fail_turn(self, user_at: int, error: BaseException, answer: Callable[[Any], None]) -> None:
         """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn
         still counts (CV-05): the session file says so for a resume."""
+        del self._transcript[user_at + 1 :]  # a continued turn may have settled calls already
         self._emit(MessageAppended(message=self._transcript[user_at], index=user_at))
         if self._journal is not None:
             try:
@@ -446,6 +600,11 @@ class ConversationActor(KernelHost):
             usage=usage,
             turn_index=run.turn_index,
         )
+        if self._journal is not None:
+            try:  # durable before the caller hears of the turn (and before a compaction rewrites it)
+                self._journal.finished(run.turn_index, run.finish, usage)
+            except OSError:
+                log.exception("%s: cannot write the session file", self.address)
         for i in range(user_at, len(self._transcript)):  # CV-09
             self._emit(MessageAppended(message=self._transcript[i], index=i))
 
@@ -543,17 +702,22 @@ class ConversationActor(KernelHost):
             summary = Message.system(
                 f"Summary of {len(part)} earlier message(s):\n{(run.final or '').strip()}"
             )
-            self._transcript = [*before[:start], summary, *before[end:]]
-            self._emit(
-                CompactionBoundary(
-                    trigger=trigger,
-                    summarized_count=len(part),
-                    kept_count=len(before) - len(part),
-                    prompt_tokens=usage.prompt_tokens if usage is not None else None,
-                    cache_hit_tokens=usage.cache_hit_tokens if usage is not None else None,
-                    cache_miss_tokens=usage.cache_miss_tokens if usage is not None else None,
-                )
+            compacted = [*before[:start], summary, *before[end:]]
+            boundary = CompactionBoundary(
+                trigger=trigger,
+                summarized_count=len(part),
+                kept_count=len(before) - len(part),
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                cache_hit_tokens=usage.cache_hit_tokens if usage is not None else None,
+                cache_miss_tokens=usage.cache_miss_tokens if usage is not None else None,
             )
+            try:  # one record: a crash keeps the old transcript or the new one, never half of each
+                self._write("the compaction", lambda j: j.compacted(boundary, compacted))
+            except ConversationError as exc:
+                then(exc)
+                return
+            self._transcript = compacted
+            self._emit(boundary)
             for i, m in enumerate(self._transcript):  # CP-06: summary and every kept message
                 self._emit(MessageAppended(message=m, index=i))
             self._log(logging.INFO, "compacted %d message(s) (%s)", len(part), trigger)

@@ -1,33 +1,77 @@
-"""The session's JSONL file: one JSON object per line, written and flushed as each event happens.
+"""The session's JSONL journal: one JSON object per line, written before anything acts on what it records.
 
-Records: ``message_appended`` {index, message}, ``turn_finished`` {turn_index, finish_reason, usage},
-``compaction_boundary`` {trigger, counts, tokens} and, for ``set_transcript`` / ``truncate_transcript`` (which
-emit no events, TR-06), ``transcript_replaced`` {messages} and ``transcript_truncated`` {length}; a turn that
-raised leaves ``turn_failed`` {turn_index, error} (it counts as a turn, CV-05).
+Write-ahead records of a turn, in the order they happen:
 
-A reader rebuilds the transcript by applying the records in order; at a ``compaction_boundary`` it starts
-over (what follows re-appends the summary and every kept message: CP-06). A torn last line (the writer was
-killed mid-write) is ignored.
+- ``turn_started`` {turn_index, index, message}: the user message, before the turn's first model request;
+- ``tool_call`` {turn_index, step, call_id, name, arguments, text, key}: before the call is sent to the
+  tool host (``key`` is its idempotency key; ``text`` the assistant text streamed before it);
+- ``message_appended`` {index, message}: each message of the turn as it is complete (a tool call's
+  assistant message and its result together, when the result arrives; the final answer);
+- ``turn_finished`` {turn_index, finish_reason, usage}, or ``turn_failed`` {turn_index, error}: the end of
+  the turn, before its caller hears of it. A failed turn keeps only its user message (CV-10).
+  ``turn_closed`` {turn_index, reason} ends an interrupted turn that the conversation moved on from without
+  continuing it (its unknown-outcome placeholders are journaled just before it).
+
+Other records: ``session`` {conversation_id} (the first line of a new file: the conversation's identity,
+part of every idempotency key), ``compaction_boundary`` {trigger, counts, tokens, transcript} (the whole
+transcript after the compaction, in the same line, so a crash cannot split it; files written before that
+field existed re-append the kept messages after the boundary: CP-06), ``transcript_replaced`` {messages} and
+``transcript_truncated`` {length} (``set_transcript`` / ``truncate_transcript``, which emit no events, TR-06).
+
+A reader applies the records in order. A turn with a ``turn_started`` and no end record was interrupted (the
+process died): ``Restored.interrupted`` describes it, and the rebuilt transcript holds its user message,
+every call with its result, and for each call journaled without a result a tool message saying its outcome
+is unknown, so the transcript rule holds (no call without a result). A torn last line (the writer was
+killed mid-write) is ignored; a broken line elsewhere is an error.
+
+Durability (``Sync``): every record is flushed to the OS before ``write`` returns. With ``Sync.EFFECTS``
+(the default) the records that precede an effect or an answer (``turn_started``, ``tool_call``, the turn's
+end, compaction and transcript changes) are also fsync'd, so they survive a machine crash; the others
+(``message_appended`` of a tool result, which the tool host's effect store holds durably as well) ride on the
+next fsync. ``Sync.ALWAYS`` fsyncs every record; ``Sync.NEVER`` only flushes (a process crash loses nothing,
+a power loss may).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
-from dataclasses import dataclass
+import os
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from actors.conversation.types import (
+    ChatTokenUsage,
     CompactionBoundary,
+    FinishReason,
     Message,
     MessageAppended,
+    MessageToolCall,
     TurnFinished,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Journal", "Restored", "read_journal"]
+__all__ = ["InterruptedTurn", "Journal", "PendingCall", "Restored", "Sync", "read_journal", "unknown_outcome"]
+
+FORMAT = 2
+
+
+class Sync(enum.StrEnum):
+    EFFECTS = "effects"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+def unknown_outcome(name: str) -> str:
+    """The result the model is shown for a call whose outcome is unknown."""
+    return (
+        f"outcome unknown: the session stopped while {name} was running, so it may or may not have taken "
+        "effect; check before repeating it"
+    )
 
 
 def record_of(event: Any) -> dict[str, Any] | None:
@@ -55,32 +99,76 @@ def record_of(event: Any) -> dict[str, Any] | None:
 
 
 class Journal:
-    """Appends records to the session file; every record is flushed before ``write`` returns."""
+    """Appends records to the session file (see the module docstring for what is durable when)."""
 
-    def __init__(self, path: Path, *, truncate: bool = False) -> None:
+    def __init__(self, path: Path, *, truncate: bool = False, sync: Sync = Sync.EFFECTS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.sync = Sync(sync)
         if not truncate:
             _mend_tail(path)
         self._file: IO[str] = path.open("w" if truncate else "a", encoding="utf-8")
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], *, durable: bool = False) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self._file.flush()
+        if self.sync is Sync.ALWAYS or (durable and self.sync is Sync.EFFECTS):
+            os.fsync(self._file.fileno())
 
     def event(self, event: Any) -> None:
         record = record_of(event)
         if record is not None:
-            self.write(record)
+            self.write(record, durable=not isinstance(event, MessageAppended))
 
-    def replaced(self, messages: tuple[Message, ...]) -> None:
-        self.write({"type": "transcript_replaced", "messages": [m.to_json() for m in messages]})
+    # ------------------------------------------------------------------------------ named records
+    def session(self, conversation_id: str) -> None:
+        self.write({"type": "session", "format": FORMAT, "conversation_id": conversation_id}, durable=True)
+
+    def turn_started(self, turn_index: int, index: int, message: Message) -> None:
+        self.write(
+            {"type": "turn_started", "turn_index": turn_index, "index": index, "message": message.to_json()},
+            durable=True,
+        )
+
+    def tool_call(self, turn_index: int, step: int, call: PendingCall) -> None:
+        self.write(
+            {
+                "type": "tool_call",
+                "turn_index": turn_index,
+                "step": step,
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "text": call.text,
+                "key": call.key,
+            },
+            durable=True,
+        )
+
+    def appended(self, index: int, message: Message) -> None:
+        self.write({"type": "message_appended", "index": index, "message": message.to_json()})
+
+    def finished(self, turn_index: int, reason: FinishReason, usage: ChatTokenUsage) -> None:
+        self.event(TurnFinished(turn_index=turn_index, finish_reason=reason, usage=usage))
+
+    def closed(self, turn_index: int, reason: str) -> None:
+        """An interrupted turn the conversation moved on from: its messages stay as they are."""
+        self.write({"type": "turn_closed", "turn_index": turn_index, "reason": reason}, durable=True)
 
     def failed(self, turn_index: int, error: str) -> None:
-        self.write({"type": "turn_failed", "turn_index": turn_index, "error": error})
+        self.write({"type": "turn_failed", "turn_index": turn_index, "error": error}, durable=True)
+
+    def compacted(self, boundary: CompactionBoundary, transcript: list[Message]) -> None:
+        record = record_of(boundary)
+        assert record is not None
+        record["transcript"] = [m.to_json() for m in transcript]
+        self.write(record, durable=True)
+
+    def replaced(self, messages: tuple[Message, ...]) -> None:
+        self.write({"type": "transcript_replaced", "messages": [m.to_json() for m in messages]}, durable=True)
 
     def truncated(self, length: int) -> None:
-        self.write({"type": "transcript_truncated", "length": length})
+        self.write({"type": "transcript_truncated", "length": length}, durable=True)
 
     def close(self) -> None:
         self._file.close()
@@ -108,18 +196,69 @@ def _mend_tail(path: Path) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingCall:
+    """A tool call journaled before it was sent: enough to ask its host again by the same key."""
+
+    key: str
+    call_id: str
+    name: str
+    arguments: str  # the JSON text of the arguments, as the model gave them
+    text: str = ""  # the assistant text streamed before the call
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedTurn:
+    """A turn that started and has no end record: the process stopped during it.
+
+    ``user_at`` is its user message's index; ``steps`` the tool calls it had made; ``pending`` the calls
+    journaled without a result (shown in ``Restored.transcript`` with an unknown-outcome result); ``length``
+    the transcript length before those placeholders (what a continuation truncates back to)."""
+
+    turn_index: int
+    user_at: int
+    steps: int
+    pending: tuple[PendingCall, ...]
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class Restored:
     transcript: tuple[Message, ...]
-    turn_index: int  # turns finished so far (the next turn's index)
+    turn_index: int  # turns started so far (the next turn's index; CV-05)
     records: int
     boundaries: int
+    conversation_id: str | None = None
+    interrupted: InterruptedTurn | None = None
+
+
+def placeholders(pending: tuple[PendingCall, ...]) -> list[Message]:
+    """The messages that stand for calls whose outcome is unknown: each call and an unknown result."""
+    messages: list[Message] = []
+    for call in pending:
+        messages.append(
+            Message.assistant(
+                call.text, (MessageToolCall(id=call.call_id, name=call.name, arguments=call.arguments),)
+            )
+        )
+        messages.append(Message.tool(call.call_id, unknown_outcome(call.name), is_error=True))
+    return messages
+
+
+@dataclass
+class _Open:
+    turn_index: int
+    user_at: int
+    steps: int = 0
+    calls: dict[str, PendingCall] = field(default_factory=dict)  # call id -> journaled, no result yet
 
 
 def read_journal(path: Path) -> Restored:
-    """The transcript and turn count a session file describes (see the module docstring)."""
+    """The transcript, turn count and interrupted turn a session file describes (see the module docstring)."""
     transcript: list[Message] = []
     turn_index = 0
     records = boundaries = 0
+    conversation_id: str | None = None
+    open_turn: _Open | None = None
     lines = path.read_text(encoding="utf-8").split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -133,19 +272,61 @@ def read_journal(path: Path) -> Restored:
                 break
             raise ValueError(f"{path}:{n}: not a session record") from None
         records += 1
-        if kind == "message_appended":
-            index = int(record["index"])
-            del transcript[index:]
-            transcript.append(Message.from_json(record["message"]))
-        elif kind in ("turn_finished", "turn_failed"):
-            turn_index = int(record["turn_index"]) + 1
-        elif kind == "compaction_boundary":
-            boundaries += 1
-            transcript.clear()
-        elif kind == "transcript_replaced":
-            transcript = [Message.from_json(m) for m in record["messages"]]
-        elif kind == "transcript_truncated":
-            del transcript[int(record["length"]) :]
-        else:
-            log.warning("%s:%d: unknown record type %r skipped", path, n, kind)
-    return Restored(tuple(transcript), turn_index, records, boundaries)
+        try:
+            if kind == "session":
+                conversation_id = str(record["conversation_id"])
+            elif kind == "turn_started":
+                index = int(record["index"])
+                del transcript[index:]
+                transcript.append(Message.from_json(record["message"]))
+                turn_index = int(record["turn_index"]) + 1
+                open_turn = _Open(int(record["turn_index"]), index)
+            elif kind == "tool_call":
+                if open_turn is not None:
+                    open_turn.steps = max(open_turn.steps, int(record["step"]))
+                    call = PendingCall(
+                        key=str(record["key"]),
+                        call_id=str(record["call_id"]),
+                        name=str(record["name"]),
+                        arguments=str(record["arguments"]),
+                        text=str(record.get("text", "")),
+                    )
+                    open_turn.calls[call.call_id] = call
+            elif kind == "message_appended":
+                index = int(record["index"])
+                del transcript[index:]
+                message = Message.from_json(record["message"])
+                transcript.append(message)
+                if open_turn is not None and message.role == "tool" and message.tool_call_id is not None:
+                    open_turn.calls.pop(message.tool_call_id, None)
+            elif kind in ("turn_finished", "turn_failed", "turn_closed"):
+                ended = int(record["turn_index"])
+                turn_index = max(turn_index, ended + 1)
+                if kind == "turn_failed" and open_turn is not None and open_turn.turn_index == ended:
+                    del transcript[open_turn.user_at + 1 :]  # CV-10: only the user message stays
+                open_turn = None
+            elif kind == "compaction_boundary":
+                boundaries += 1
+                open_turn = None
+                transcript = [Message.from_json(m) for m in record.get("transcript", ())]
+            elif kind == "transcript_replaced":
+                open_turn = None
+                transcript = [Message.from_json(m) for m in record["messages"]]
+            elif kind == "transcript_truncated":
+                del transcript[int(record["length"]) :]
+            else:
+                log.warning("%s:%d: unknown record type %r skipped", path, n, kind)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}:{n}: a {kind} record is malformed: {exc}") from None
+    interrupted = None
+    if open_turn is not None:
+        pending = tuple(open_turn.calls.values())
+        interrupted = InterruptedTurn(
+            open_turn.turn_index, open_turn.user_at, open_turn.steps, pending, len(transcript)
+        )
+        transcript.extend(placeholders(pending))
+    return Restored(tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted)
+
+
+def new_conversation_id() -> str:
+    return str(uuid.uuid4())

@@ -2,12 +2,18 @@
 conversation actor itself (``KernelHost``).
 
 ``prepare_round`` renders the transcript into the round's input and lists the tool host's tools in
-``tool_description`` (the model calls them through the one ``call_ktool``); ``execute_tool`` forwards each
-call to the ``ToolHostActor`` and records the call and its result together, so no call is left without its
-result; ``prepare_provider_resume`` is the step boundary where an interrupt (IT-01/IT-02) or the step budget
-ends the turn. An interrupt also sends the loop ``CancelSession``, so a model that is still generating is
-stopped at once; the loop's ``SessionCancelled`` then ends the turn as CANCELLED with its completed steps.
-The summary of a compaction is a kernel run of the same kind, without tools.
+``tool_description`` (the model calls them through the one ``call_ktool``); ``execute_tool`` journals each
+call with its idempotency key (conversation id, turn, step, call id), then forwards it to the
+``ToolHostActor``, and journals the call and its result together when the result arrives, so no call is
+left without its result; ``prepare_provider_resume`` is the step boundary where an interrupt (IT-01/IT-02)
+or the step budget ends the turn. An interrupt also sends the loop ``CancelSession``, so a model that is
+still generating is stopped at once; the loop's ``SessionCancelled`` then ends the turn as CANCELLED with its
+completed steps. The summary of a compaction is a kernel run of the same kind, without tools.
+
+A tool host that cannot be reached before the call left (``NotDelivered``) gives the model an error result:
+nothing ran. A host that fails after the call left (``Unavailable``, ``Expired``: the outcome is unknown)
+suspends the turn: the run ends with that error, the turn stays open in the journal, and
+``continue_turn`` later asks the host again by the same key (a finished call is not rerun).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from actors.base import DEFER, BusActor, Context
+from actors.conversation.journal import Journal, PendingCall, Sync
 from actors.conversation.messages import ConversationError, ExecuteTool
 from actors.conversation.tools import ToolExecution
 from actors.conversation.types import (
@@ -55,7 +62,7 @@ from actors.session import (
     SessionToolOutcome,
 )
 from actors.types import TokenUsage, ToolCall, ToolCallError
-from transport.errors import BusError, NotDelivered
+from transport.errors import BusError, Expired, NotDelivered, Unavailable
 from transport.node import Node
 from transport.pending import Reply
 
@@ -76,6 +83,7 @@ class ConversationConfig:
     system_prompt: str = ""
     session_file: Path | None = None
     resume: bool = True
+    journal_sync: Sync = Sync.EFFECTS
     compactor: Compactor | None = None
     sink: str | None = None
     session_id: str | None = None
@@ -132,6 +140,9 @@ class KernelRun:
     finish: FinishReason = FinishReason.STOP
     final: str | None = None
     interrupted: bool = False  # CancelSession was sent to the loop: its SessionCancelled is a cancel
+    base: int = 0  # the transcript index run.new[0] will have (the journal's message_appended index)
+    suspended: BaseException | None = None  # a tool call's outcome became unknown: the turn stays open
+    suspended_call: PendingCall | None = None
 
 
 class KernelHost(BusActor):
@@ -141,6 +152,8 @@ class KernelHost(BusActor):
         super().__init__(node, address)
         self.config = config
         self._run: KernelRun | None = None
+        self._journal: Journal | None = None  # the session file, opened by the conversation actor
+        self._conversation_id = str(uuid.uuid4())  # replaced by the journal's own on resume
         self._loops = itertools.count()
         self._interrupt_tells: set[bytes] = set()  # CancelSession tells whose run may end first
 
@@ -149,6 +162,15 @@ class KernelHost(BusActor):
 
     def _cancel_requested(self) -> bool:
         raise NotImplementedError
+
+    def _add(self, run: KernelRun, message: Message) -> None:
+        """A message of the running turn: kept for the transcript and journaled at once."""
+        run.new.append(message)
+        if self._journal is not None:
+            try:
+                self._journal.appended(run.base + len(run.new) - 1, message)
+            except OSError:  # the effect store and the turn's end record still hold the facts
+                log.exception("%s: cannot write the session file", self.address)
 
     def _text_delta(self, delta: TurnTextDelta, ctx: Context) -> None:
         """A piece of the model's text, told by the run's inference handle (RunSession.observer)."""
@@ -252,7 +274,7 @@ class KernelHost(BusActor):
         if run.mode == "turn":
             if self._cancel_requested():
                 run.finish = FinishReason.CANCELLED
-            run.new.append(Message.assistant(answer))
+            self._add(run, Message.assistant(answer))
         return SessionControl.Complete(answer=answer)
 
     def _execute(self, run: KernelRun, call_id: str, call: ToolCall | ToolCallError, ctx: Context) -> Any:
@@ -262,46 +284,96 @@ class KernelHost(BusActor):
             name, arguments = call.name, json.dumps(call.arguments, ensure_ascii=False)
         else:
             name, arguments = "call_ktool", json.dumps({"error": str(call)}, ensure_ascii=False)
+        pending = PendingCall(
+            key=f"{self._conversation_id}:{run.turn_index}:{run.steps}:{call_id}",
+            call_id=call_id,
+            name=name,
+            arguments=arguments,
+            text=content,
+        )
         if run.mode == "turn":
             self._emit(
                 ToolCallStarted(turn_index=run.turn_index, call_id=call_id, name=name, arguments=arguments)
             )
 
         def finished(result: ToolExecution) -> None:
-            if run.mode == "turn":  # the call and its result enter the turn together: never an orphan
-                run.new.append(
-                    Message.assistant(content, (MessageToolCall(id=call_id, name=name, arguments=arguments),))
-                )
-                run.new.append(Message.tool(call_id, result.text, is_error=not result.ok))
-                self._emit(
-                    ToolCallFinished(
-                        turn_index=run.turn_index, call_id=call_id, name=name, ok=result.ok, text=result.text
-                    )
-                )
+            if run.mode == "turn":
+                self._resolved(run, pending, result)
             outcome = SessionToolOutcome(text=result.text, ok=result.ok)
             if not ctx.done:
                 ctx.reply(outcome)
 
         if run.mode == "summary":
             finished(ToolExecution(ok=False, text=SUMMARY_TOOL_DESCRIPTION))
-        elif isinstance(call, ToolCallError):
+            return DEFER
+        if isinstance(call, ToolCallError):
             finished(ToolExecution(ok=False, text=f"invalid tool call: {call}"))
-        else:
+            return DEFER
+        if self._journal is not None:
+            try:  # write-ahead: the call is on disk before the host can run it
+                self._journal.tool_call(run.turn_index, run.steps, pending)
+            except OSError as exc:
+                finished(
+                    ToolExecution(ok=False, text=f"not run: the session journal cannot be written ({exc})")
+                )
+                return DEFER
 
-            def executed(reply: Reply) -> None:
-                if reply.error is not None:
-                    finished(ToolExecution(ok=False, text=f"the tool host failed: {reply.error}"))
-                elif isinstance(reply.message, ToolExecution):
-                    finished(reply.message)
-                else:
-                    finished(
-                        ToolExecution(ok=False, text=f"the tool host answered {type(reply.message).__name__}")
+        def executed(reply: Reply) -> None:
+            error = reply.error
+            if error is None and isinstance(reply.message, ToolExecution):
+                finished(reply.message)
+            elif error is None:
+                finished(
+                    ToolExecution(ok=False, text=f"the tool host answered {type(reply.message).__name__}")
+                )
+            elif isinstance(error, NotDelivered):  # nothing ran: the model may try again
+                finished(
+                    ToolExecution(
+                        ok=False, text=f"not run: the tool host cannot be reached ({error.message})"
                     )
+                )
+            elif isinstance(error, Unavailable | Expired):  # the call left: its outcome is unknown
+                run.suspended, run.suspended_call = error, pending
+                self._log_suspended(run, pending, error)
+                if not ctx.done:
+                    ctx.fail(error)
+            else:
+                finished(ToolExecution(ok=False, text=f"the tool host failed: {error}"))
 
-            self.ask(
-                self.config.host,
-                ExecuteTool(name=call.name, arguments=dict(call.arguments)),
-                executed,
-                timeout=HOST_TIMEOUT,
-            )
+        self.ask(
+            self.config.host,
+            ExecuteTool(name=name, arguments=dict(call.arguments), idempotency_key=pending.key),
+            executed,
+            timeout=HOST_TIMEOUT,
+        )
         return DEFER
+
+    def _resolved(self, run: KernelRun, call: PendingCall, result: ToolExecution) -> None:
+        """A call of the running turn has its result: the call and its result enter the turn together, so
+        the transcript never holds a call without its result."""
+        self._add(
+            run,
+            Message.assistant(
+                call.text, (MessageToolCall(id=call.call_id, name=call.name, arguments=call.arguments),)
+            ),
+        )
+        self._add(run, Message.tool(call.call_id, result.text, is_error=not result.ok))
+        self._emit(
+            ToolCallFinished(
+                turn_index=run.turn_index,
+                call_id=call.call_id,
+                name=call.name,
+                ok=result.ok,
+                text=result.text,
+            )
+        )
+
+    def _log_suspended(self, run: KernelRun, call: PendingCall, error: BaseException) -> None:
+        log.warning(
+            "%s: turn %d suspended: the outcome of %s (%s) is unknown: %r",
+            self.address,
+            run.turn_index,
+            call.name,
+            call.key,
+            error,
+        )

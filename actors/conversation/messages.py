@@ -24,6 +24,16 @@ class RunTurn:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ContinueTurn:
+    """A command: go on with the turn the journal shows interrupted (the process stopped during it, or a
+    tool's outcome became unknown). Each call without a result is asked of the tool host again by its
+    idempotency key (a finished call answers its stored outcome and does not run again; a call whose run
+    was cut off answers "outcome unknown"), then the model continues the turn."""
+
+    TAG: ClassVar[str] = "conv.continue"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EnqueueText:
     TAG: ClassVar[str] = "conv.enqueue"
     text: str
@@ -155,6 +165,7 @@ class StatusReply:
     event_sink: str | None
     transcript_len: int
     closed: bool
+    interrupted_turn: int | None = None  # the turn index ``continue_turn`` would go on with
 
 
 # --------------------------------------------------------------------------------- the tool host
@@ -206,6 +217,7 @@ class TurnFailed(ConversationError):
 
 CONVERSATION_COMMANDS = (
     RunTurn,
+    ContinueTurn,
     EnqueueText,
     MaybeCompact,
     CompactNow,

@@ -17,11 +17,13 @@ from typing import Any
 
 import pykka
 
+from actors.conversation.journal import Sync
 from actors.conversation.messages import (
     CloseSession,
     CompactNow,
     CompactPartialAfter,
     CompactPartialBefore,
+    ContinueTurn,
     EnqueueText,
     GetStatus,
     GetTranscript,
@@ -109,6 +111,21 @@ class ConversationRuntime:
 
     def run_future(self, user_text: str, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
         return self._future(RunTurn(text=user_text), timeout)
+
+    def continue_turn(self, *, timeout: float | None = None) -> RuntimeOutcome:
+        """Go on with the turn a resumed session shows interrupted (``interrupted_turn()``): every tool call
+        it journaled without a result is asked of the tool host again by the same idempotency key (a
+        finished call is not rerun; a call cut off mid-run is reported to the model as of unknown outcome),
+        then the model continues. ``ConversationError`` when no turn is interrupted; ``Unavailable`` or
+        ``Expired`` (the turn stays interrupted) when the tool host cannot settle a call."""
+        return self._call(ContinueTurn(), timeout)  # type: ignore[no-any-return]
+
+    def continue_turn_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(ContinueTurn(), timeout)
+
+    def interrupted_turn(self, *, timeout: float | None = None) -> int | None:
+        """The index of the turn ``continue_turn`` would go on with, or None."""
+        return self.status(timeout=timeout).interrupted_turn
 
     def enqueue(self, text: str, *, timeout: float | None = None) -> RuntimeOutcome | None:
         """Queue ``text``; returns the outcome of the turn that ran it (FIFO with every other caller)."""
@@ -271,6 +288,7 @@ class ConversationRuntimeBuilder:
         self._system_prompt = ""
         self._session_file: Path | None = None
         self._resume = True
+        self._journal_sync = Sync.EFFECTS
         self._compactor: Compactor | None = None
         self._sink: EventSink | None = None
         self._session_id: str | None = None
@@ -329,6 +347,13 @@ class ConversationRuntimeBuilder:
         """The session's JSONL file; with ``resume`` an existing file restores the transcript first."""
         self._session_file = Path(path)
         self._resume = resume
+        return self
+
+    def journal_sync(self, sync: Sync | str) -> ConversationRuntimeBuilder:
+        """When the session file is fsync'd: ``"effects"`` (default: every record that precedes a model
+        request, a tool call or an answer), ``"always"`` (every record) or ``"never"`` (flushed to the OS
+        only: a process crash loses nothing, a power loss may)."""
+        self._journal_sync = Sync(sync)
         return self
 
     def compactor(self, compactor: Compactor | None) -> ConversationRuntimeBuilder:
@@ -409,6 +434,7 @@ class ConversationRuntimeBuilder:
             system_prompt=self._system_prompt,
             session_file=self._session_file,
             resume=self._resume,
+            journal_sync=self._journal_sync,
             compactor=self._compactor,
             sink=sink_address,
             session_id=self._session_id,

@@ -6,10 +6,16 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from actors.conversation import ToolRegistry
+from actors.conversation import ConversationRuntime, ToolNotice, ToolRegistry
+from actors.conversation.tools import EventSinkLike
+from actors.router.actor import RouterActor
+from actors.router.catalog import ModelCatalog
+from actors.router.providers.scripted import ScriptedProvider
+from transport.node import Node
 
 WAIT = 10.0
 
@@ -99,3 +105,73 @@ class Gates:
 
     def open(self, name: str) -> None:
         self.opened[name].set()
+
+
+def _model(provider: str) -> dict[str, Any]:
+    return {
+        "provider": provider,
+        "provider_model": provider,
+        "context_window": 32768,
+        "max_input_tokens": 30000,
+    }
+
+
+CATALOG = ModelCatalog.from_mapping(
+    {
+        "providers": {"p1": {"kind": "scripted"}, "p2": {"kind": "scripted"}},
+        "models": {"m1": _model("p1"), "m2": _model("p2")},
+    }
+)
+
+
+class Env:
+    """One node with a Router over two scripted providers (models m1 and m2), and the runtimes built."""
+
+    def __init__(self, node: Node, tmp: Path) -> None:
+        self.node = node
+        self.tmp = tmp
+        self.p1 = ScriptedProvider()
+        self.p2 = ScriptedProvider()
+        node.spawn(
+            RouterActor, "router", catalog=CATALOG, data_dir=tmp, providers={"p1": self.p1, "p2": self.p2}
+        )
+        self.gates = Gates()
+        self.tools = self.gates.register(ToolRegistry())
+        self.notes: list[str] = []
+
+        def note(message: str, sink: EventSinkLike | None = None) -> str:
+            """Emit a notice through the sink this tool holds."""
+            if sink is not None:
+                sink.emit(ToolNotice(tool="note", data={"message": message}))
+            return "noted"
+
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        self.tools.register(note)
+        self.tools.register(add)
+        self.sink = CaptureSink()
+        self.built: list[ConversationRuntime] = []
+
+    def build(self, **options: Any) -> ConversationRuntime:
+        b = ConversationRuntime.builder().node(self.node).llm(options.pop("llm", "m1")).tools(self.tools)
+        b.event_sink(options.pop("sink", self.sink)).timeout(WAIT)
+        for key, value in options.items():
+            getattr(b, key)(value)
+        rt = b.build()
+        self.built.append(rt)
+        return rt
+
+    def script(self, *steps: dict[str, Any]) -> None:
+        self.p1.add(list(steps))
+
+
+def env_fixture(make_node: Callable[..., Node], tmp_path: Path) -> Iterator[Env]:
+    """The body of an ``env`` fixture: one node ``n1`` with the Router and the runtimes' cleanup."""
+    from actors.nodes import registry
+
+    e = Env(make_node("n1", registry=registry()), tmp_path)
+    yield e
+    for rt in e.built:
+        rt.stop()
