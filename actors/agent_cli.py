@@ -434,8 +434,9 @@ class Agent:
         cross-turn compaction's summary, each allowed ``--timeout``, plus the tools' time."""
         return float((self.args.max_steps + 2) * self.args.timeout + TURN_MARGIN)
 
-    def turn(self, text: str) -> Any:
-        """One turn: stream it, then print its usage and receipts; returns its RuntimeOutcome."""
+    def turn(self, text: str | None) -> Any:
+        """One turn: stream it, then print its usage and receipts; returns its RuntimeOutcome. ``None``
+        continues the turn the session file shows interrupted (``continue_turn``)."""
         from actors.conversation import CancellationToken
 
         token = CancellationToken()
@@ -449,7 +450,8 @@ class Agent:
         first_operation = len(self.operations)
         limit = self.turn_limit()
         deadline = self.clock() + limit
-        future = self.runtime.run_future(text)  # its own deadline: the limit plus CANCEL_GRACE
+        # Each future has its own deadline: the limit plus CANCEL_GRACE.
+        future = self.runtime.run_future(text) if text is not None else self.runtime.continue_turn_future()
         try:
             while True:
                 try:
@@ -582,6 +584,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+            interrupted = agent.runtime.interrupted_turn()
+            if interrupted is not None:  # the last session stopped during a turn: go on with it first
+                print(
+                    f"kbus: continuing turn {interrupted}, interrupted when the session stopped",
+                    file=sys.stderr,
+                )
+                try:
+                    agent.turn(None)
+                except BusError as exc:
+                    print(f"kbus: the interrupted turn could not continue: {exc}", file=sys.stderr)
             _repl(agent)
     except (CliError, BusError) as exc:
         return _failed("chat", exc)

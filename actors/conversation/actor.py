@@ -521,7 +521,7 @@ class ConversationActor(KernelHost):
                 self.config.host,
                 ExecuteTool(name=call.name, arguments=json.loads(call.arguments), idempotency_key=call.key),
                 executed,
-                timeout=HOST_TIMEOUT,
+                timeout=self.config.tool_timeout,
             )
 
         settle()
@@ -555,26 +555,35 @@ class ConversationActor(KernelHost):
         self, run: KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]
     ) -> None:
         if run.suspended is not None and run.suspended_call is not None:
-            self._suspend_turn(run, user_at, run.suspended_call, answer)
+            self._suspend_turn(run, user_at, (run.suspended_call,), run.suspended, answer)
+        elif isinstance(error, Unavailable | Expired) and (run.steps or run.new):
+            # The Router (or the loop) was lost after the turn had done something: what the model was
+            # doing is unknown, what the tools did is known. Keep it, and let continue_turn go on.
+            self._suspend_turn(run, user_at, (), error, answer)
         elif error is not None:
             self._fail_turn(user_at, error, answer)
         else:
             self._finish_turn(run, user_at, answer)
 
     def _suspend_turn(
-        self, run: KernelRun, user_at: int, call: PendingCall, answer: Callable[[Any], None]
+        self,
+        run: KernelRun,
+        user_at: int,
+        pending: tuple[PendingCall, ...],
+        error: BaseException,
+        answer: Callable[[Any], None],
     ) -> None:
-        """A tool call's outcome became unknown (its host failed after the call left): the turn's completed
-        steps stay, the call is shown with an unknown outcome, and the turn stays open for ``continue_turn``;
-        the caller gets the transport error (``Unavailable`` or ``Expired``) that says so."""
-        assert run.suspended is not None
+        """The turn's outcome became unknown part-way (a tool host or the Router was lost after a request
+        left): its completed steps stay, a call in flight is shown with an unknown outcome, and the turn stays
+        open for ``continue_turn``, exactly as a resume after a crash would find it; the caller gets the
+        transport error (``Unavailable`` or ``Expired``) that says so."""
         self._transcript.extend(run.new)
         self._interrupted = InterruptedTurn(
-            run.turn_index, user_at, run.steps, (call,), len(self._transcript)
+            run.turn_index, user_at, run.steps, pending, len(self._transcript)
         )
-        self._transcript.extend(placeholders((call,)))
-        self._log(logging.WARNING, "turn %d suspended: %r", run.turn_index, run.suspended)
-        answer(run.suspended)
+        self._transcript.extend(placeholders(pending))
+        self._log(logging.WARNING, "turn %d suspended: %r", run.turn_index, error)
+        answer(error)
 
     def _fail_turn(self, user_at: int, error: BaseException, answer: Callable[[Any], None]) -> None:
         """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn

@@ -91,6 +91,7 @@ class ConversationConfig:
     max_steps: int = 16
     user_id: str = "conversation"
     round_timeout: float | None = None
+    tool_timeout: float = HOST_TIMEOUT  # one tool call, then its outcome is unknown (the turn suspends)
     reasoning_effort: str = ""
     operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
 
@@ -344,7 +345,7 @@ class KernelHost(BusActor):
             self.config.host,
             ExecuteTool(name=name, arguments=dict(call.arguments), idempotency_key=pending.key),
             executed,
-            timeout=HOST_TIMEOUT,
+            timeout=self.config.tool_timeout,
         )
         return DEFER
 

@@ -298,6 +298,7 @@ class ConversationRuntimeBuilder:
         self._name: str | None = None
         self._conversation_node: Node | None = None
         self._round_timeout: float | None = None
+        self._tool_timeout: float | None = None
         self._timeout: float | None = DEFAULT_TIMEOUT
         self._reasoning_effort = ""
         self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
@@ -394,6 +395,12 @@ class ConversationRuntimeBuilder:
         self._round_timeout = seconds
         return self
 
+    def tool_timeout(self, seconds: float) -> ConversationRuntimeBuilder:
+        """How long one tool call may run (default an hour); past it the call's outcome is unknown and the
+        turn is suspended (``continue_turn`` asks the host again by the call's idempotency key)."""
+        self._tool_timeout = seconds
+        return self
+
     def reasoning_effort(self, effort: str) -> ConversationRuntimeBuilder:
         self._reasoning_effort = effort
         return self
@@ -442,6 +449,7 @@ class ConversationRuntimeBuilder:
             max_steps=self._max_steps,
             user_id=self._user_id,
             round_timeout=self._round_timeout,
+            **({"tool_timeout": self._tool_timeout} if self._tool_timeout is not None else {}),
             reasoning_effort=self._reasoning_effort,
             operation_ids=self._operation_ids,
         )

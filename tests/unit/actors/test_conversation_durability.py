@@ -28,7 +28,7 @@ from actors.conversation import (
 from actors.conversation.journal import Journal, unknown_outcome
 from actors.conversation.messages import ExecuteTool
 from actors.router.actor import RouterActor
-from transport.errors import NotDelivered, Unavailable
+from transport.errors import Expired, NotDelivered, Unavailable
 from transport.node import Node
 
 
@@ -191,7 +191,8 @@ def test_not_delivered_before_anything_ran_reaches_the_caller_as_itself(env: Env
 
 def test_not_delivered_after_the_turn_started_is_unavailable(env: Env, tmp_path: Path) -> None:
     """Retry classes: the Router gone while a tool runs (a provider turn had started and a tool ran): the
-    caller gets Unavailable (outcome unknown), with the hop's NotDelivered as its cause."""
+    caller gets Unavailable (outcome unknown), with the hop's NotDelivered as its cause, and the turn keeps
+    what its tools did."""
     env.node.spawn(RouterActor, "router2", catalog=env_catalog(env), providers={"p1": env.p1, "p2": env.p2})
     rt = env.build(router="n1/router2")
     env.script(call("gate", "c1", key="R"), text("never"))
@@ -204,9 +205,31 @@ def test_not_delivered_after_the_turn_started_is_unavailable(env: Env, tmp_path:
     with pytest.raises(Unavailable) as err:
         future.result(WAIT)
     assert isinstance(err.value.__cause__, NotDelivered)
+    # The turn is suspended, not failed: the tool's result is kept and continue_turn can go on with it.
+    assert rt.interrupted_turn() == 0
+    assert [m.content for m in rt.transcript()][-1] == "gate R opened"
 
 
 def env_catalog(env: Env) -> Any:
     from peers.conversation_kit import CATALOG
 
     return CATALOG
+
+
+def test_a_tool_past_its_timeout_suspends_the_turn_with_the_call_pending(env: Env, tmp_path: Path) -> None:
+    """A tool call past ``tool_timeout``: its outcome is unknown, so the caller gets Expired (not a
+    failed result the model could retry blindly), the call shows an unknown outcome, and continue_turn
+    sends it again under the same key."""
+    path = tmp_path / "s.jsonl"
+    keys: list[str] = []
+    env.node.spawn(KeySpyHost, "spy-host", registry=env.tools, keys=keys)
+    rt = env.build(session_file=path, host="n1/spy-host", tool_timeout=0.5)
+    env.script(call("gate", "c1", key="T"), text("never"))
+    with pytest.raises(Expired):
+        rt.run("wait too long")
+    assert rt.interrupted_turn() == 0
+    assert rt.transcript()[-1] == Message.tool("c1", unknown_outcome("gate"), is_error=True)
+    env.gates.open("T")  # the slow run finishes on the host; the host answers the repeat
+    env.script(text("went on"))
+    assert rt.continue_turn().final_text == "went on"
+    assert len(keys) == 2 and keys[0] == keys[1]
