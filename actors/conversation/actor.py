@@ -452,7 +452,7 @@ class ConversationActor(KernelHost):
             )
             self._kernel(run, lambda error: self._turn_ran(run, user_at, error, answer))
 
-        self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
+        self.ask(self.config.host, ListTools(), listed, timeout=self.config.tool_timeout)
 
     # ------------------------------------------------------------------------ interrupted turns
     def _close_interrupted(self) -> None:
@@ -549,7 +549,7 @@ class ConversationActor(KernelHost):
             )
             self._kernel(run, lambda error: self._turn_ran(run, it.user_at, error, answer))
 
-        self.ask(self.config.host, ListTools(), listed, timeout=HOST_TIMEOUT)
+        self.ask(self.config.host, ListTools(), listed, timeout=self.config.tool_timeout)
 
     def _turn_ran(
         self, run: KernelRun, user_at: int, error: BaseException | None, answer: Callable[[Any], None]

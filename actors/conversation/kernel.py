@@ -44,6 +44,7 @@ from actors.conversation.types import (
 from actors.inference import PreparedRound
 from actors.router.messages import TurnTextDelta
 from actors.session import (
+    CALL_TIMEOUT,
     CancelSession,
     HostCompleteCapture,
     HostCompleteRound,
@@ -92,6 +93,7 @@ class ConversationConfig:
     user_id: str = "conversation"
     round_timeout: float | None = None
     tool_timeout: float = HOST_TIMEOUT  # one tool call, then its outcome is unknown (the turn suspends)
+    call_timeout: float = CALL_TIMEOUT  # each step of a kernel run (a model read, a host callback)
     reasoning_effort: str = ""
     operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
 
@@ -192,6 +194,7 @@ class KernelHost(BusActor):
             operation_id=self.config.operation_ids(),
             rounds_used=0,
             round_limit=1,
+            call_timeout=max(self.config.call_timeout, self.config.tool_timeout),
         )
 
         def ended(reply: Reply) -> None:

@@ -299,6 +299,7 @@ class ConversationRuntimeBuilder:
         self._conversation_node: Node | None = None
         self._round_timeout: float | None = None
         self._tool_timeout: float | None = None
+        self._call_timeout: float | None = None
         self._timeout: float | None = DEFAULT_TIMEOUT
         self._reasoning_effort = ""
         self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
@@ -401,6 +402,12 @@ class ConversationRuntimeBuilder:
         self._tool_timeout = seconds
         return self
 
+    def call_timeout(self, seconds: float) -> ConversationRuntimeBuilder:
+        """How long each step of a turn may wait (a model read, a callback; default an hour, and never less
+        than ``tool_timeout``); past it the turn ends with ``Expired`` (suspended once it had progressed)."""
+        self._call_timeout = seconds
+        return self
+
     def reasoning_effort(self, effort: str) -> ConversationRuntimeBuilder:
         self._reasoning_effort = effort
         return self
@@ -450,6 +457,7 @@ class ConversationRuntimeBuilder:
             user_id=self._user_id,
             round_timeout=self._round_timeout,
             **({"tool_timeout": self._tool_timeout} if self._tool_timeout is not None else {}),
+            **({"call_timeout": self._call_timeout} if self._call_timeout is not None else {}),
             reasoning_effort=self._reasoning_effort,
             operation_ids=self._operation_ids,
         )
