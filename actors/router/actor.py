@@ -41,15 +41,13 @@ import collections
 import json
 import logging
 import math
-import queue
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from actors.base import DEFER, BusActor, Context
 from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
@@ -88,7 +86,6 @@ from actors.router.messages import (
     TurnTerminated,
     TurnTextDelta,
     TurnTimedOut,
-    TurnToolCall,
     TurnUsage,
 )
 from actors.router.providers.base import (
@@ -106,21 +103,35 @@ from actors.router.providers.base import (
     UsageUpdate,
     estimate_tokens,
 )
-from actors.router.providers.base import (
-    TurnCancelled as ProviderTurnCancelled,
+from actors.router.turns import (
+    FINISHED_GRACE_S,
+    OWNER_GONE,
+    OWNER_IDLE_BOUND_S,
+    OWNER_LOST_AFTER_S,
+    OWNER_PING_INTERVAL_S,
+    RECENT_RECEIPTS,
+    TICK,
+    TICK_S,
+    Counted,
+    Emitted,
+    Finished,
+    Tick,
+    Ticker,
+    TimedOut,
+    Turn,
+    WorkerIO,
+    parse_tool_call,
+    thread_ticker,
 )
 from actors.types import (
     CALL_KTOOL,
     AgentContinuation,
     ReceiptStatus,
-    ResolvedAgentModel,
     TokenUsage,
-    ToolCallError,
-    ToolCallErrorKind,
     ToolResult,
     UsageReceipt,
 )
-from transport.errors import Expired, NotDelivered, ProtocolError, Unavailable
+from transport.errors import Expired, ProtocolError
 from transport.messages import Ping, Resolve
 from transport.pending import Reply
 
@@ -138,160 +149,6 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 
 
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
-
-# Defaults of the Router's liveness and memory options (see the module docstring).
-TICK_S: Final = 1.0
-OWNER_PING_INTERVAL_S: Final = 10.0
-OWNER_LOST_AFTER_S: Final = 30.0
-OWNER_IDLE_BOUND_S: Final = 3600.0
-FINISHED_GRACE_S: Final = 60.0
-RECENT_RECEIPTS: Final = 4096
-
-# A heartbeat that failed this way means the owner is gone (or wedged): anything else is a sign of life.
-_GONE = (NotDelivered, Unavailable, Expired)
-
-Ticker = Callable[[float, Callable[[], None]], Callable[[], None]]
-"""``ticker(interval_s, fn)`` calls ``fn`` every ``interval_s`` from some other thread until the function it
-returns is called. The Router's housekeeping runs on it; tests pass a manual one."""
-
-
-def thread_ticker(interval_s: float, fn: Callable[[], None]) -> Callable[[], None]:
-    """The default ``Ticker``: one daemon thread per Router."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(interval_s):
-            fn()
-
-    threading.Thread(target=run, name="kbus-router-tick", daemon=True).start()
-    return stop.set
-
-
-# Messages from worker threads to the Router's own mailbox (local only, never on the wire).
-@dataclass(frozen=True, slots=True)
-class _Emitted:
-    operation_id: uuid.UUID
-    event: ProviderEvent
-
-
-@dataclass(frozen=True, slots=True)
-class _Finished:
-    operation_id: uuid.UUID
-    outcome: ProviderOutcome | None
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class _TimedOut:
-    operation_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class _Counted:
-    ctx: Context
-    counts: tuple[int, ...] | None
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Tick:
-    """Housekeeping: flush staged usage, watch turns idle on their owners, drop ended turns."""
-
-
-_TICK = _Tick()
-
-
-class _WorkerIO:
-    """The provider's view of its turn (TurnIO): runs on the worker thread, talks by telling the Router.
-
-    ``wait_result`` is bounded by ``wait_bound_s`` of real time: the Router normally ends a turn that waits
-    too long first (on its own clock), but the worker must not outlive the bound even if the Router is gone.
-    """
-
-    def __init__(self, router: Any, operation_id: uuid.UUID, wait_bound_s: float = math.inf) -> None:
-        self._router = router
-        self._op = operation_id
-        self._wait_bound_s = wait_bound_s
-        self.cancelled = threading.Event()
-        self._results: queue.SimpleQueue[tuple[str, ToolResult] | None] = queue.SimpleQueue()
-        self._early: dict[str, ToolResult] = {}
-        # Set by SubmitInput on the Router's thread before the RespondCall that resumes the worker; the
-        # result queue orders the two, so the worker sees it once its wait_result returns.
-        self._next_input: str | None = None
-
-    def submit_input(self, text: str) -> None:
-        self._next_input = text
-
-    def take_input(self) -> str | None:
-        text, self._next_input = self._next_input, None
-        return text
-
-    def emit(self, event: ProviderEvent) -> None:
-        self._router.tell(_Emitted(self._op, event))
-
-    def deliver(self, call_id: str, result: ToolResult) -> None:
-        self._results.put((call_id, result))
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self._results.put(None)
-
-    def wait_result(self, call_id: str) -> ToolResult:
-        if call_id in self._early:
-            return self._early.pop(call_id)
-        deadline = time.monotonic() + self._wait_bound_s
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    raise queue.Empty
-                item = self._results.get(timeout=min(remaining, threading.TIMEOUT_MAX))
-            except queue.Empty:
-                self.cancelled.set()
-                raise ProviderTurnCancelled(f"no result for {call_id} within {self._wait_bound_s}s") from None
-            if item is None or self.cancelled.is_set():
-                raise ProviderTurnCancelled(call_id)
-            got_id, result = item
-            if got_id == call_id:
-                return result
-            self._early[got_id] = result  # answered out of order: keep for its own wait
-
-
-@dataclass(eq=False)
-class _Turn:
-    operation_id: uuid.UUID
-    parent_operation_id: uuid.UUID
-    spec: StartTurn
-    model: ResolvedAgentModel
-    io: _WorkerIO
-    started_ms: int
-    receipt_id: str
-    owner: str  # the StartTurn's sender
-    heartbeat: tuple[str, Any] | None  # where and what to send to hear from the owner (None: no way)
-    owner_seen: float  # monotonic: the owner's last sign of life (its request on this turn, a heartbeat)
-    events: collections.deque[Any] = field(default_factory=collections.deque)
-    waiting: list[Context] = field(default_factory=list)  # deferred NextTurnEvent requests
-    stream: Context | None = None  # a StreamTurnEvents request being fed partials
-    surfaced: set[str] = field(default_factory=set)  # call ids surfaced and not yet answered
-    answered: set[str] = field(default_factory=set)
-    usage: TokenUsage | None = None
-    produced: bool = False
-    closed: bool = False  # the provider's stream ended without completion; FinishUnavailable accounts it
-    receipt: UsageReceipt | None = None
-    failure: RouterError | None = None  # terminal error waiting to be reported
-    delivered: bool = False  # the terminal event or error was handed to a reader (or the receipt returned)
-    settled_at: float = 0.0  # monotonic, when the receipt was written
-    idle_since: float | None = None  # monotonic, since when the turn has been idle on its owner (per tick)
-    pinging: bool = False
-    pinged_at: float = -math.inf
-    ping_failed: bool = False
-    timer: threading.Timer | None = None
-    prices: Any = None
-    takes_input: bool = True  # the provider applies SubmitInput (a provider says otherwise: takes_input)
-
-    @property
-    def done(self) -> bool:
-        return self.receipt is not None
 
 
 def _positive(name: str, value: float) -> float:
@@ -353,7 +210,7 @@ class RouterActor(BusActor):
         if int(recent_receipts) < 1:
             raise ValueError(f"RouterActor: recent_receipts must be at least 1, not {recent_receipts!r}")
         self._recent_bound = int(recent_receipts)
-        self._turns: dict[uuid.UUID, _Turn] = {}
+        self._turns: dict[uuid.UUID, Turn] = {}
         # Cancellation lineage: parent operation -> child turn operations, and back. A turn that left
         # memory stays here only while some of its own children are still in memory.
         self._children: dict[uuid.UUID, set[uuid.UUID]] = {}
@@ -382,7 +239,7 @@ class RouterActor(BusActor):
                     "%s: accounted %d turns left open by a Router that died", self.address, len(recovered)
                 )
         ref = self.actor_ref
-        self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, _TICK))
+        self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
 
     def on_stop(self) -> None:
         if self._stop_ticker is not None:
@@ -461,27 +318,27 @@ class RouterActor(BusActor):
 
     def _on_local(self, message: Any) -> Any:
         match message:
-            case _Emitted(operation_id=op, event=event):
+            case Emitted(operation_id=op, event=event):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     self._on_event(turn, event)
-            case _Finished(operation_id=op, outcome=outcome, error=error):
+            case Finished(operation_id=op, outcome=outcome, error=error):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     self._on_finished(turn, outcome, error)
-            case _Counted(ctx=ctx, counts=counts, error=error):
+            case Counted(ctx=ctx, counts=counts, error=error):
                 if error is not None:
                     ctx.fail(error)
                 else:
                     ctx.reply(TokenCount(counts=counts or (), exact=True))
-            case _TimedOut(operation_id=op):
+            case TimedOut(operation_id=op):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     turn.io.cancel()
                     self._fail(
                         turn, "timed_out", TurnTimedOut, f"no completion within {turn.spec.timeout_s}s"
                     )
-            case _Tick():
+            case Tick():
                 self._on_tick()
             case _:
                 return super().on_local(message)
@@ -518,9 +375,9 @@ class RouterActor(BusActor):
                 raise TurnNotStarted(
                     f"the turn's intent could not be recorded: {exc}"[:500], kind="ledger"
                 ) from exc
-        io = _WorkerIO(self.actor_ref, op, self._idle_bound + self._lost_after + self._tick_s)
+        io = WorkerIO(self.actor_ref, op, self._idle_bound + self._lost_after + self._tick_s)
         owner = ctx.header.src
-        turn = _Turn(
+        turn = Turn(
             op,
             spec.parent_operation_id,
             spec,
@@ -551,9 +408,9 @@ class RouterActor(BusActor):
             try:
                 outcome = provider.run_turn(request, io)
             except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
-                _tell_quietly(ref, _Finished(op, None, exc))  # the Router may have stopped meanwhile
+                _tell_quietly(ref, Finished(op, None, exc))  # the Router may have stopped meanwhile
             else:
-                _tell_quietly(ref, _Finished(op, outcome, None))
+                _tell_quietly(ref, Finished(op, outcome, None))
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         try:
@@ -564,7 +421,7 @@ class RouterActor(BusActor):
             assert turn.failure is not None
             raise turn.failure from exc
         if spec.timeout_s is not None:
-            turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, _TimedOut(op)))
+            turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op)))
             turn.timer.daemon = True
             turn.timer.start()
         return TurnStarted(operation_id=op, model=resolved)
@@ -603,9 +460,9 @@ class RouterActor(BusActor):
             except Exception as exc:  # noqa: BLE001 - reported to the caller as a typed error
                 error = ProviderFailed(f"counting tokens failed: {exc}"[:500], kind="failed")
                 error.__cause__ = exc
-                _tell_quietly(ref, _Counted(ctx, None, error))
+                _tell_quietly(ref, Counted(ctx, None, error))
             else:
-                _tell_quietly(ref, _Counted(ctx, counts, None))
+                _tell_quietly(ref, Counted(ctx, counts, None))
 
         threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
         return DEFER
@@ -648,7 +505,7 @@ class RouterActor(BusActor):
         return provider
 
     # ------------------------------------------------------------------------------------------ events
-    def _on_event(self, turn: _Turn, event: ProviderEvent) -> None:
+    def _on_event(self, turn: Turn, event: ProviderEvent) -> None:
         match event:
             case Submitted(context=context):
                 self._queue(turn, TurnInput(context=context))
@@ -673,7 +530,7 @@ class RouterActor(BusActor):
             except sqlite3.Error:
                 log.exception("%s: writing streamed usage failed (kept for the next write)", self.address)
 
-    def _on_finished(self, turn: _Turn, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
+    def _on_finished(self, turn: Turn, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
         if turn.timer is not None:
             turn.timer.cancel()
         if outcome is not None:
@@ -712,7 +569,7 @@ class RouterActor(BusActor):
             log.error("provider for %s raised %r", turn.operation_id, error, exc_info=error)
             self._fail(turn, "failed", ProviderFailed, f"{type(error).__name__}: {error}", cause=error)
 
-    def _continuation(self, turn: _Turn, outcome: ProviderOutcome) -> AgentContinuation | None:
+    def _continuation(self, turn: Turn, outcome: ProviderOutcome) -> AgentContinuation | None:
         if turn.spec.ephemeral:
             return None
         rows = [
@@ -725,7 +582,7 @@ class RouterActor(BusActor):
 
     def _fail(
         self,
-        turn: _Turn,
+        turn: Turn,
         status: ReceiptStatus,
         cls: type[RouterError],
         message: str,
@@ -738,7 +595,7 @@ class RouterActor(BusActor):
         turn.failure = error
         self._flush(turn)
 
-    def _queue(self, turn: _Turn, event: Any) -> None:
+    def _queue(self, turn: Turn, event: Any) -> None:
         turn.events.append(event)
         self._flush(turn)
 
@@ -747,7 +604,7 @@ class RouterActor(BusActor):
         deadline = ctx.header.deadline
         return not ctx.done and (deadline is None or deadline > self.node.clock())
 
-    def _flush(self, turn: _Turn) -> None:
+    def _flush(self, turn: Turn) -> None:
         """Hand queued events to whoever waits: the stream first, else deferred next_event requests."""
         if turn.waiting and not all(self._live(c) for c in turn.waiting):
             for ctx in turn.waiting:  # an event given to a reader that gave up would be lost
@@ -782,11 +639,11 @@ class RouterActor(BusActor):
             self._release(turn)
 
     @staticmethod
-    def _handed(turn: _Turn, event: Any) -> None:
+    def _handed(turn: Turn, event: Any) -> None:
         if isinstance(event, TurnCompleted):
             turn.delivered = True
 
-    def _next(self, turn: _Turn, ctx: Context) -> Any:
+    def _next(self, turn: Turn, ctx: Context) -> Any:
         if turn.events:
             event = turn.events.popleft()
             self._handed(turn, event)
@@ -802,7 +659,7 @@ class RouterActor(BusActor):
         turn.waiting.append(ctx)
         return DEFER
 
-    def _stream(self, turn: _Turn, ctx: Context) -> Any:
+    def _stream(self, turn: Turn, ctx: Context) -> Any:
         if turn.stream is not None or turn.waiting:
             raise RouterError(f"operation {turn.operation_id} already has a reader", kind="busy")
         if turn.done and not turn.events and turn.failure is None:
@@ -811,7 +668,7 @@ class RouterActor(BusActor):
         self._flush(turn)
         return DEFER
 
-    def _respond(self, turn: _Turn, call_id: str, result: ToolResult) -> None:
+    def _respond(self, turn: Turn, call_id: str, result: ToolResult) -> None:
         if call_id not in turn.surfaced:
             why = "was answered already" if call_id in turn.answered else "was never surfaced"
             raise InvalidCallId(f"call {call_id!r} of operation {turn.operation_id} {why}")
@@ -822,7 +679,7 @@ class RouterActor(BusActor):
         turn.io.deliver(call_id, result)
 
     # -------------------------------------------------------------------------------------- accounting
-    def _settle(self, turn: _Turn, status: ReceiptStatus, error: str | None) -> UsageReceipt:
+    def _settle(self, turn: Turn, status: ReceiptStatus, error: str | None) -> UsageReceipt:
         """Issue the turn's one receipt: written to the ledger before it is reported."""
         if turn.receipt is not None:
             return turn.receipt
@@ -901,7 +758,7 @@ class RouterActor(BusActor):
             else:
                 self._watch(turn, now)
 
-    def _idle_on_owner(self, turn: _Turn) -> bool:
+    def _idle_on_owner(self, turn: Turn) -> bool:
         """The turn waits for its owner: a surfaced call is unanswered, the closed stream waits to be
         accounted, or no read of the owner's is outstanding."""
         if turn.surfaced or turn.closed:
@@ -910,7 +767,7 @@ class RouterActor(BusActor):
             (turn.stream is not None and self._live(turn.stream)) or any(map(self._live, turn.waiting))
         )
 
-    def _watch(self, turn: _Turn, now: float) -> None:
+    def _watch(self, turn: Turn, now: float) -> None:
         if not self._idle_on_owner(turn):
             turn.idle_since = None
             return
@@ -927,7 +784,7 @@ class RouterActor(BusActor):
         ):
             self._ping(turn, now)
 
-    def _ping(self, turn: _Turn, now: float) -> None:
+    def _ping(self, turn: Turn, now: float) -> None:
         assert turn.heartbeat is not None
         address, message = turn.heartbeat
         op = turn.operation_id
@@ -940,7 +797,7 @@ class RouterActor(BusActor):
             return
         turn.pinging = False
         now = self._monotonic()
-        if not isinstance(reply.error, _GONE):  # a Pong, or any answer at all: the owner's side lives
+        if not isinstance(reply.error, OWNER_GONE):  # a Pong, or any answer at all: the owner's side lives
             turn.owner_seen, turn.ping_failed = now, False
             return
         log.info("%s: owner %s of %s did not answer: %r", self.address, turn.owner, op, reply.error)
@@ -948,12 +805,12 @@ class RouterActor(BusActor):
         if self._idle_on_owner(turn) and now - turn.owner_seen >= self._lost_after:
             self._owner_lost(turn, now)
 
-    def _owner_lost(self, turn: _Turn, now: float) -> None:
+    def _owner_lost(self, turn: Turn, now: float) -> None:
         self._interrupt(
             turn, f"its owner {turn.owner} stopped answering (silent for {now - turn.owner_seen:.1f}s)"
         )
 
-    def _interrupt(self, turn: _Turn, why: str) -> None:
+    def _interrupt(self, turn: Turn, why: str) -> None:
         """End a turn nobody can finish: cancel the provider, account it, and let it leave memory (its
         receipt is durable; later requests are answered from the ledger or the recent receipts)."""
         log.info("%s: interrupting %s: %s", self.address, turn.operation_id, why)
@@ -961,7 +818,7 @@ class RouterActor(BusActor):
         self._fail(turn, "interrupted", TurnInterrupted, f"the Router interrupted the turn: {why}")
         self._release(turn)
 
-    def _release(self, turn: _Turn) -> None:
+    def _release(self, turn: Turn) -> None:
         """Forget an ended turn (its receipt is durable, or remembered in ``_recent`` without a ledger)."""
         op = turn.operation_id
         if self._turns.pop(op, None) is None:
@@ -1014,7 +871,7 @@ class RouterActor(BusActor):
                 found.setdefault(op, receipt)
         return tuple(sorted(found.values(), key=lambda r: r.issued_at_ms))
 
-    def _turn(self, op: uuid.UUID, ctx: Context | None = None) -> _Turn:
+    def _turn(self, op: uuid.UUID, ctx: Context | None = None) -> Turn:
         turn = self._turns.get(op)
         if turn is None:
             receipt = self._receipt_of(op)
@@ -1025,60 +882,6 @@ class RouterActor(BusActor):
         if ctx is not None and ctx.header.src == turn.owner:
             turn.owner_seen, turn.ping_failed = self._monotonic(), False  # the owner's own request
         return turn
-
-
-def parse_tool_call(call: NativeToolCall) -> TurnToolCall:
-    """The Router's half of strict parsing: the native tool must be call_ktool with a JSON-object
-    argument; anything else is a bounded ToolCallError carrying the exact native call id."""
-    if call.name != CALL_KTOOL:
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.UNKNOWN_FUNCTION, detail=f"unknown function {call.name[:60]!r}"
-            ),
-        )
-    try:
-        arguments = json.loads(call.arguments)
-    except ValueError as exc:
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(kind=ToolCallErrorKind.INVALID_JSON, detail=str(exc)[:120]),
-        )
-    if not isinstance(arguments, dict):
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.NOT_OBJECT, detail=f"arguments are a {type(arguments).__name__}"
-            ),
-        )
-    if not _fits_the_wire(arguments, 0):
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.INVALID_ARGUMENTS,
-                detail="arguments nest too deep or hold an integer beyond 64 bits",
-            ),
-        )
-    return TurnToolCall(call_id=call.call_id, name=call.name, arguments=arguments)
-
-
-def _fits_the_wire(value: Any, depth: int) -> bool:
-    """JSON msgpack can carry: integers within 64 bits, nesting within the codec's bound."""
-    if depth > 30:
-        return False
-    if isinstance(value, bool) or value is None or isinstance(value, str | float):
-        return True
-    if isinstance(value, int):
-        return -(1 << 63) <= value < (1 << 64)
-    if isinstance(value, list):
-        return all(_fits_the_wire(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(_fits_the_wire(v, depth + 1) for v in value.values())
-    return False
 
 
 def _tell_quietly(ref: Any, message: Any) -> None:
