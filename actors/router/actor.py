@@ -392,8 +392,7 @@ class RouterActor(BusActor):
             takes_input=getattr(provider, "takes_input", True) is not False,
         )
         self._turns[op] = turn
-        self._children.setdefault(spec.parent_operation_id, set()).add(op)
-        self._parent[op] = spec.parent_operation_id
+        self._link(op, spec.parent_operation_id)
         request = TurnRequest(
             model=resolved,
             messages=self._messages(spec),
@@ -835,6 +834,20 @@ class RouterActor(BusActor):
             while len(self._recent) > self._recent_bound:
                 self._recent.popitem(last=False)
         self._unlink(op)
+
+    def _link(self, op: uuid.UUID, parent: uuid.UUID) -> None:
+        """Record ``op`` as a child of ``parent`` for cancellation (RT-12). A parent that was itself a turn
+        and has left memory is linked again to its own parent (from its receipt), and so on up, so that
+        cancelling any ancestor still reaches ``op``."""
+        while True:
+            self._children.setdefault(parent, set()).add(op)
+            self._parent[op] = parent
+            if parent in self._parent:
+                return  # a turn in memory, or one already linked again
+            receipt = self._receipt_of(parent)
+            if receipt is None:
+                return  # not a turn (a session's or a run's operation): the top of the lineage here
+            op, parent = parent, receipt.parent_operation_id
 
     def _unlink(self, op: uuid.UUID) -> None:
         """Drop ``op`` from the lineage once it is neither in memory nor a parent of a turn in memory, and
