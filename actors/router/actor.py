@@ -6,6 +6,33 @@ the Router keeps answering while tokens stream. Per turn it keeps a queue of eve
 with nothing queued is answered later (the request is deferred, never waited on). Every turn gets exactly
 one ``UsageReceipt`` on every path (completed, failed, unavailable, cancelled/interrupted, timed out),
 written to the SQLite ledger before anyone hears of it; asking again returns the same receipt.
+
+Durability (DESIGN.md 4a; the ledger's docstring has the details):
+
+- **Intent before effect.** With a data dir, a turn's ``open`` row (ids, user, model, provider, round,
+  start time, this Router's incarnation) is committed before its worker thread starts; settling turns that
+  row into the receipt. A Router starting on a data dir first turns every open row of a dead incarnation
+  into one ``interrupted`` receipt, before it serves anything. Usage streamed so far is staged and written
+  with the next ledger write, on each housekeeping tick and before a tool call is reported.
+- **No turn waits forever.** Every ``tick_s`` the Router looks at each turn that is *idle on its owner*
+  (the StartTurn's sender): a tool call it surfaced is unanswered, the stream closed and waits for
+  ``FinishUnavailable``, or no read of the owner is outstanding. Such a turn's owner is sent a heartbeat
+  every ``owner_ping_interval_s`` it has been silent (a ``Ping`` to an owner actor, which its own mailbox
+  answers; a ``Resolve`` to the node of a plain client thread on another node; none for a client thread of
+  this node, whose death the bus cannot see). When a heartbeat failed with ``NotDelivered``,
+  ``Unavailable`` or ``Expired`` and the owner has been silent for ``owner_lost_after_s``, the turn is
+  cancelled and accounted ``interrupted`` (``TurnInterrupted``): by default within
+  ``owner_lost_after_s + 2 * owner_ping_interval_s + tick_s`` = 51 s of the owner's death. A turn idle on
+  a live owner for ``owner_idle_bound_s`` is interrupted too, and the worker's own wait for a tool result
+  is bounded as well (in real time, so it ends even if this actor is gone).
+- **Flat memory.** A turn leaves memory (``_turns`` and the lineage links) once its receipt is durable
+  and its terminal event or error was handed to a reader, or ``finished_grace_s`` after it ended if
+  nobody reads it. Later requests on it are answered from the ledger (``TurnTerminated``, or
+  ``TurnInterrupted`` for an interrupted receipt, with the receipt); without a data dir from an LRU of the
+  last ``recent_receipts`` receipts (4096 by default), beyond which an old operation is ``TurnNotFound``.
+- **Retry classes.** ``TurnNotStarted`` (a ``NotDelivered``) means no provider was called and no
+  operation exists: safe to retry. Every error raised after the start carries the turn's receipt: the turn
+  is over and accounted.
 """
 
 from __future__ import annotations
@@ -13,18 +40,18 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import queue
+import math
+import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from actors.base import DEFER, BusActor, Context
 from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
-from actors.router.ledger import ReceiptLedger
+from actors.router.ledger import Intent, ReceiptLedger
 from actors.router.messages import (
     TERMINAL_EVENTS,
     CancelOperation,
@@ -32,6 +59,7 @@ from actors.router.messages import (
     FinishUnavailable,
     GetReceipt,
     GetReceiptsFor,
+    GetRouterStats,
     InvalidCallId,
     NextTurnEvent,
     OperationsCancelled,
@@ -41,6 +69,7 @@ from actors.router.messages import (
     ResolveModel,
     RespondCall,
     RouterError,
+    RouterStats,
     StartTurn,
     StreamTurnEvents,
     SubmitInput,
@@ -50,12 +79,13 @@ from actors.router.messages import (
     TurnCompleted,
     TurnEventBatch,
     TurnInput,
+    TurnInterrupted,
     TurnNotFound,
+    TurnNotStarted,
     TurnStarted,
     TurnTerminated,
     TurnTextDelta,
     TurnTimedOut,
-    TurnToolCall,
     TurnUsage,
 )
 from actors.router.providers.base import (
@@ -73,21 +103,37 @@ from actors.router.providers.base import (
     UsageUpdate,
     estimate_tokens,
 )
-from actors.router.providers.base import (
-    TurnCancelled as ProviderTurnCancelled,
+from actors.router.turns import (
+    FINISHED_GRACE_S,
+    OWNER_GONE,
+    OWNER_IDLE_BOUND_S,
+    OWNER_LOST_AFTER_S,
+    OWNER_PING_INTERVAL_S,
+    RECENT_RECEIPTS,
+    TICK,
+    TICK_S,
+    Counted,
+    Emitted,
+    Finished,
+    Tick,
+    Ticker,
+    TimedOut,
+    Turn,
+    WorkerIO,
+    parse_tool_call,
+    thread_ticker,
 )
 from actors.types import (
     CALL_KTOOL,
     AgentContinuation,
     ReceiptStatus,
-    ResolvedAgentModel,
     TokenUsage,
-    ToolCallError,
-    ToolCallErrorKind,
     ToolResult,
     UsageReceipt,
 )
-from transport.errors import ProtocolError
+from transport.errors import Expired, ProtocolError
+from transport.messages import Ping, Resolve
+from transport.pending import Reply
 
 log = logging.getLogger(__name__)
 
@@ -105,103 +151,23 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
 
 
-# Messages from worker threads to the Router's own mailbox (local only, never on the wire).
-@dataclass(frozen=True, slots=True)
-class _Emitted:
-    operation_id: uuid.UUID
-    event: ProviderEvent
-
-
-@dataclass(frozen=True, slots=True)
-class _Finished:
-    operation_id: uuid.UUID
-    outcome: ProviderOutcome | None
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class _TimedOut:
-    operation_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class _Counted:
-    ctx: Context
-    counts: tuple[int, ...] | None
-    error: BaseException | None
-
-
-class _WorkerIO:
-    """The provider's view of its turn (TurnIO): runs on the worker thread, talks by telling the Router."""
-
-    def __init__(self, router: Any, operation_id: uuid.UUID) -> None:
-        self._router = router
-        self._op = operation_id
-        self.cancelled = threading.Event()
-        self._results: queue.SimpleQueue[tuple[str, ToolResult] | None] = queue.SimpleQueue()
-        self._early: dict[str, ToolResult] = {}
-        # Set by SubmitInput on the Router's thread before the RespondCall that resumes the worker; the
-        # result queue orders the two, so the worker sees it once its wait_result returns.
-        self._next_input: str | None = None
-
-    def submit_input(self, text: str) -> None:
-        self._next_input = text
-
-    def take_input(self) -> str | None:
-        text, self._next_input = self._next_input, None
-        return text
-
-    def emit(self, event: ProviderEvent) -> None:
-        self._router.tell(_Emitted(self._op, event))
-
-    def deliver(self, call_id: str, result: ToolResult) -> None:
-        self._results.put((call_id, result))
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self._results.put(None)
-
-    def wait_result(self, call_id: str) -> ToolResult:
-        if call_id in self._early:
-            return self._early.pop(call_id)
-        while True:
-            item = self._results.get()
-            if item is None or self.cancelled.is_set():
-                raise ProviderTurnCancelled(call_id)
-            got_id, result = item
-            if got_id == call_id:
-                return result
-            self._early[got_id] = result  # answered out of order: keep for its own wait
-
-
-@dataclass(eq=False)
-class _Turn:
-    operation_id: uuid.UUID
-    parent_operation_id: uuid.UUID
-    spec: StartTurn
-    model: ResolvedAgentModel
-    io: _WorkerIO
-    started_ms: int
-    events: collections.deque[Any] = field(default_factory=collections.deque)
-    waiting: list[Context] = field(default_factory=list)  # deferred NextTurnEvent requests
-    stream: Context | None = None  # a StreamTurnEvents request being fed partials
-    surfaced: set[str] = field(default_factory=set)  # call ids surfaced and not yet answered
-    answered: set[str] = field(default_factory=set)
-    usage: TokenUsage | None = None
-    produced: bool = False
-    receipt: UsageReceipt | None = None
-    failure: RouterError | None = None  # terminal error waiting to be reported
-    timer: threading.Timer | None = None
-    prices: Any = None
-    takes_input: bool = True  # the provider applies SubmitInput (a provider says otherwise: takes_input)
-
-    @property
-    def done(self) -> bool:
-        return self.receipt is not None
+def _positive(name: str, value: float) -> float:
+    value = float(value)
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"RouterActor: {name} must be a positive number of seconds, not {value!r}")
+    return value
 
 
 class RouterActor(BusActor):
-    """See the module docstring. One per node that serves models; reach it with ``RouterClient``."""
+    """See the module docstring. One per node that serves models; reach it with ``RouterClient``.
+
+    Options (all in seconds unless said otherwise; a node config sets them under ``[actors.<name>]``):
+    ``tick_s`` housekeeping period; ``owner_ping_interval_s`` heartbeat period for an owner that is silent;
+    ``owner_lost_after_s`` silence after which an owner whose heartbeat failed is gone;
+    ``owner_idle_bound_s`` the longest a turn waits on a live owner; ``finished_grace_s`` how long an ended
+    turn nobody reads stays in memory; ``recent_receipts`` (a count) receipts kept in memory without a
+    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests.
+    """
 
     DIRECT = True
 
@@ -216,6 +182,14 @@ class RouterActor(BusActor):
         env: Mapping[str, str] | None = None,
         new_operation_id: Callable[[], uuid.UUID] = uuid.uuid4,
         clock_ms: Callable[[], int] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        ticker: Ticker = thread_ticker,
+        tick_s: float = TICK_S,
+        owner_ping_interval_s: float = OWNER_PING_INTERVAL_S,
+        owner_lost_after_s: float = OWNER_LOST_AFTER_S,
+        owner_idle_bound_s: float = OWNER_IDLE_BOUND_S,
+        finished_grace_s: float = FINISHED_GRACE_S,
+        recent_receipts: int = RECENT_RECEIPTS,
     ) -> None:
         super().__init__(node, address)
         self.catalog = catalog or DEFAULT_CATALOG
@@ -226,22 +200,57 @@ class RouterActor(BusActor):
         self._env = env
         self._new_op = new_operation_id
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self._turns: dict[uuid.UUID, _Turn] = {}
-        self._children: dict[uuid.UUID, set[uuid.UUID]] = collections.defaultdict(set)
-        self._threads: set[threading.Thread] = set()
+        self._monotonic = monotonic
+        self._ticker = ticker
+        self._tick_s = _positive("tick_s", tick_s)
+        self._ping_interval = _positive("owner_ping_interval_s", owner_ping_interval_s)
+        self._lost_after = _positive("owner_lost_after_s", owner_lost_after_s)
+        self._idle_bound = _positive("owner_idle_bound_s", owner_idle_bound_s)
+        self._grace = _positive("finished_grace_s", finished_grace_s)
+        if int(recent_receipts) < 1:
+            raise ValueError(f"RouterActor: recent_receipts must be at least 1, not {recent_receipts!r}")
+        self._recent_bound = int(recent_receipts)
+        self._turns: dict[uuid.UUID, Turn] = {}
+        # Cancellation lineage: parent operation -> child turn operations, and back. A turn that left
+        # memory stays here only while some of its own children are still in memory.
+        self._children: dict[uuid.UUID, set[uuid.UUID]] = {}
+        self._parent: dict[uuid.UUID, uuid.UUID] = {}
+        self._recent: collections.OrderedDict[uuid.UUID, UsageReceipt] = collections.OrderedDict()
+        self._recovered = 0
+        self._stop_ticker: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------------------------- lifecycle
     def on_start(self) -> None:
         super().on_start()
         if self._data_dir is not None:
             # Opened on this thread: sqlite connections are thread-bound, and only the Router writes.
-            self._ledger = ReceiptLedger(self._data_dir / "receipts.sqlite3")
+            ledger = ReceiptLedger(self._data_dir / "receipts.sqlite3")
+            try:
+                ledger.begin_incarnation()
+                # Before anything is served: a dead incarnation's open turns become interrupted receipts.
+                recovered = ledger.recover(now_ms=self._clock_ms(), price=self._price_of)
+            except BaseException:
+                ledger.close()
+                raise
+            self._ledger = ledger
+            self._recovered = len(recovered)
+            if recovered:
+                log.info(
+                    "%s: accounted %d turns left open by a Router that died", self.address, len(recovered)
+                )
+        ref = self.actor_ref
+        self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
 
     def on_stop(self) -> None:
+        if self._stop_ticker is not None:
+            self._stop_ticker()
         for turn in list(self._turns.values()):
             if not turn.done:
                 turn.io.cancel()
-                self._settle(turn, "interrupted", "the Router stopped")
+                try:
+                    self._settle(turn, "interrupted", "the Router stopped")
+                except Exception:  # its open row stays: the next Router accounts it
+                    log.exception("%s: settling %s at stop failed", self.address, turn.operation_id)
         for provider in self._providers.values():
             try:
                 provider.close()
@@ -257,19 +266,19 @@ class RouterActor(BusActor):
             case ResolveModel(requested=requested):
                 return self.catalog.resolve(requested)[0]
             case StartTurn():
-                return self._start(message)
+                return self._start(message, ctx)
             case NextTurnEvent(operation_id=op):
-                return self._next(self._turn(op), ctx)
+                return self._next(self._turn(op, ctx), ctx)
             case StreamTurnEvents(operation_id=op):
-                return self._stream(self._turn(op), ctx)
+                return self._stream(self._turn(op, ctx), ctx)
             case RespondCall(operation_id=op, call_id=call_id, result=result):
-                return self._respond(self._turn(op), call_id, result)
+                return self._respond(self._turn(op, ctx), call_id, result)
             case FinishUnavailable(operation_id=op):
                 return self._finish_unavailable(op)
             case CancelOperation(operation_id=op):
                 return OperationsCancelled(operation_ids=tuple(self._cancel(op)))
             case SubmitInput(operation_id=op, input=text):
-                turn = self._turn(op)
+                turn = self._turn(op, ctx)
                 if turn.done:
                     raise TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
                 if not turn.takes_input:  # stored, never read: the caller's edits would not reach the model
@@ -288,6 +297,14 @@ class RouterActor(BusActor):
                 return receipt
             case GetReceiptsFor(parent_operation_id=parent):
                 return ReceiptList(receipts=self._receipts_for(parent))
+            case GetRouterStats():
+                return RouterStats(
+                    turns=len(self._turns),
+                    links=len(self._children),
+                    recent=len(self._recent),
+                    incarnation=self._ledger.incarnation if self._ledger is not None else None,
+                    recovered=self._recovered,
+                )
         raise TypeError(f"the Router does not handle {type(message).__name__}")
 
     def on_local(self, message: Any) -> Any:
@@ -301,48 +318,81 @@ class RouterActor(BusActor):
 
     def _on_local(self, message: Any) -> Any:
         match message:
-            case _Emitted(operation_id=op, event=event):
+            case Emitted(operation_id=op, event=event):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     self._on_event(turn, event)
-            case _Finished(operation_id=op, outcome=outcome, error=error):
+            case Finished(operation_id=op, outcome=outcome, error=error):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     self._on_finished(turn, outcome, error)
-            case _Counted(ctx=ctx, counts=counts, error=error):
+            case Counted(ctx=ctx, counts=counts, error=error):
                 if error is not None:
                     ctx.fail(error)
                 else:
                     ctx.reply(TokenCount(counts=counts or (), exact=True))
-            case _TimedOut(operation_id=op):
+            case TimedOut(operation_id=op):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
                     turn.io.cancel()
                     self._fail(
                         turn, "timed_out", TurnTimedOut, f"no completion within {turn.spec.timeout_s}s"
                     )
+            case Tick():
+                self._on_tick()
             case _:
                 return super().on_local(message)
         return None
 
     # ---------------------------------------------------------------------------------------- starting
-    def _start(self, spec: StartTurn) -> TurnStarted:
+    def _start(self, spec: StartTurn, ctx: Context) -> TurnStarted:
         resolved, entry, provider_entry = self.catalog.resolve(spec.model)
-        provider = self._provider(provider_entry)
+        try:
+            provider = self._provider(provider_entry)
+        except Exception as exc:
+            raise TurnNotStarted(
+                f"provider {provider_entry.name} could not be set up: {exc}"[:500], kind="provider_setup"
+            ) from exc
         op = self._new_op()
-        io = _WorkerIO(self.actor_ref, op)
-        turn = _Turn(
+        started_ms = self._clock_ms()
+        receipt_id = f"rcpt-{uuid.uuid4()}"
+        if self._ledger is not None:
+            try:  # the intent is durable before the provider can run: a crash from here on is accounted
+                self._ledger.open(
+                    Intent(
+                        operation_id=op,
+                        receipt_id=receipt_id,
+                        parent_operation_id=spec.parent_operation_id,
+                        user_id=spec.user_id,
+                        provider=resolved.provider,
+                        provider_model=resolved.provider_model,
+                        model=resolved.model,
+                        round=spec.round,
+                        started_at_ms=started_ms,
+                    )
+                )
+            except (sqlite3.Error, OSError) as exc:
+                raise TurnNotStarted(
+                    f"the turn's intent could not be recorded: {exc}"[:500], kind="ledger"
+                ) from exc
+        io = WorkerIO(self.actor_ref, op, self._idle_bound + self._lost_after + self._tick_s)
+        owner = ctx.header.src
+        turn = Turn(
             op,
             spec.parent_operation_id,
             spec,
             resolved,
             io,
-            self._clock_ms(),
+            started_ms,
+            receipt_id,
+            owner,
+            self._heartbeat_of(owner),
+            self._monotonic(),
             prices=getattr(entry, "prices", None),
             takes_input=getattr(provider, "takes_input", True) is not False,
         )
         self._turns[op] = turn
-        self._children[spec.parent_operation_id].add(op)
+        self._link(op, spec.parent_operation_id)
         request = TurnRequest(
             model=resolved,
             messages=self._messages(spec),
@@ -357,17 +407,42 @@ class RouterActor(BusActor):
             try:
                 outcome = provider.run_turn(request, io)
             except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
-                _tell_quietly(ref, _Finished(op, None, exc))  # the Router may have stopped meanwhile
+                _tell_quietly(ref, Finished(op, None, exc))  # the Router may have stopped meanwhile
             else:
-                _tell_quietly(ref, _Finished(op, outcome, None))
+                _tell_quietly(ref, Finished(op, outcome, None))
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the intent is settled, nothing ran
+            self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
+            self._release(turn)
+            assert turn.failure is not None
+            raise turn.failure from exc
         if spec.timeout_s is not None:
-            turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, _TimedOut(op)))
+            turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op)))
             turn.timer.daemon = True
             turn.timer.start()
         return TurnStarted(operation_id=op, model=resolved)
+
+    def _heartbeat_of(self, owner: str) -> tuple[str, Any] | None:
+        """How to hear from a turn's owner: an actor answers ``Ping`` from its own mailbox; a plain client
+        thread has no mailbox, so for one on another node its node's I/O thread answers a ``Resolve``
+        (the process lives); for a client thread of this node there is nothing to ask."""
+        node, _, actor = owner.partition("/")
+        if not node or not actor:
+            return None
+        if actor.startswith("client."):
+            return None if node == self.node.name else (f"{node}/node", Resolve(actor=self.name))
+        return (owner, Ping())
+
+    def _price_of(self, model: str, usage: TokenUsage) -> float | None:
+        try:
+            entry = self.catalog.resolve(model)[1]
+        except Exception:  # noqa: BLE001 - a model that left the catalog: its receipt has no cost
+            return None
+        prices = getattr(entry, "prices", None)
+        return prices.cost_usd(usage) if prices is not None else None
 
     def _count(self, model: str, texts: tuple[str, ...], ctx: Context) -> Any:
         """The provider's tokenizer counts on a thread of their own (it may load a model file first), and
@@ -384,9 +459,9 @@ class RouterActor(BusActor):
             except Exception as exc:  # noqa: BLE001 - reported to the caller as a typed error
                 error = ProviderFailed(f"counting tokens failed: {exc}"[:500], kind="failed")
                 error.__cause__ = exc
-                _tell_quietly(ref, _Counted(ctx, None, error))
+                _tell_quietly(ref, Counted(ctx, None, error))
             else:
-                _tell_quietly(ref, _Counted(ctx, counts, None))
+                _tell_quietly(ref, Counted(ctx, counts, None))
 
         threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
         return DEFER
@@ -429,7 +504,7 @@ class RouterActor(BusActor):
         return provider
 
     # ------------------------------------------------------------------------------------------ events
-    def _on_event(self, turn: _Turn, event: ProviderEvent) -> None:
+    def _on_event(self, turn: Turn, event: ProviderEvent) -> None:
         match event:
             case Submitted(context=context):
                 self._queue(turn, TurnInput(context=context))
@@ -438,13 +513,23 @@ class RouterActor(BusActor):
                 self._queue(turn, TurnTextDelta(text=text))
             case UsageUpdate(usage=usage):
                 turn.usage = usage
+                if self._ledger is not None:
+                    self._ledger.stage_usage(turn.operation_id, usage)  # written with the next write
                 self._queue(turn, TurnUsage(usage=usage))
             case ToolCallRequested(call=call):
                 turn.produced = True
                 turn.surfaced.add(call.call_id)
+                self._flush_usage()  # a step boundary: what the turn used so far is durable before the call
                 self._queue(turn, parse_tool_call(call))
 
-    def _on_finished(self, turn: _Turn, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
+    def _flush_usage(self) -> None:
+        if self._ledger is not None and self._ledger.staged:
+            try:
+                self._ledger.flush()
+            except sqlite3.Error:
+                log.exception("%s: writing streamed usage failed (kept for the next write)", self.address)
+
+    def _on_finished(self, turn: Turn, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
         if turn.timer is not None:
             turn.timer.cancel()
         if outcome is not None:
@@ -464,6 +549,7 @@ class RouterActor(BusActor):
         from actors.router.providers.scripted import StreamClosed
 
         if isinstance(error, StreamClosed):
+            turn.closed = True
             self._queue(turn, TurnClosed())  # no receipt yet: finish_unavailable accounts for it (SI-09)
             return
         if isinstance(error, ProviderError):
@@ -482,7 +568,7 @@ class RouterActor(BusActor):
             log.error("provider for %s raised %r", turn.operation_id, error, exc_info=error)
             self._fail(turn, "failed", ProviderFailed, f"{type(error).__name__}: {error}", cause=error)
 
-    def _continuation(self, turn: _Turn, outcome: ProviderOutcome) -> AgentContinuation | None:
+    def _continuation(self, turn: Turn, outcome: ProviderOutcome) -> AgentContinuation | None:
         if turn.spec.ephemeral:
             return None
         rows = [
@@ -495,7 +581,7 @@ class RouterActor(BusActor):
 
     def _fail(
         self,
-        turn: _Turn,
+        turn: Turn,
         status: ReceiptStatus,
         cls: type[RouterError],
         message: str,
@@ -508,12 +594,22 @@ class RouterActor(BusActor):
         turn.failure = error
         self._flush(turn)
 
-    def _queue(self, turn: _Turn, event: Any) -> None:
+    def _queue(self, turn: Turn, event: Any) -> None:
         turn.events.append(event)
         self._flush(turn)
 
-    def _flush(self, turn: _Turn) -> None:
+    def _live(self, ctx: Context) -> bool:
+        """A reader still waiting: not answered, and its deadline (if any) not passed."""
+        deadline = ctx.header.deadline
+        return not ctx.done and (deadline is None or deadline > self.node.clock())
+
+    def _flush(self, turn: Turn) -> None:
         """Hand queued events to whoever waits: the stream first, else deferred next_event requests."""
+        if turn.waiting and not all(self._live(c) for c in turn.waiting):
+            for ctx in turn.waiting:  # an event given to a reader that gave up would be lost
+                if not ctx.done and not self._live(ctx):
+                    ctx.fail(Expired(f"read of operation {turn.operation_id} expired"))
+            turn.waiting = [c for c in turn.waiting if not c.done]
         while turn.events and turn.stream is not None:
             batch: list[Any] = []
             while turn.events and not isinstance(turn.events[0], TERMINAL_EVENTS) and len(batch) < _BATCH:
@@ -523,26 +619,46 @@ class RouterActor(BusActor):
             elif batch:
                 turn.stream.partial(TurnEventBatch(events=tuple(batch)))
             if turn.events and isinstance(turn.events[0], TERMINAL_EVENTS):
-                turn.stream.reply(turn.events.popleft())
+                event = turn.events.popleft()
+                turn.stream.reply(event)
                 turn.stream = None
+                self._handed(turn, event)
         while turn.events and turn.waiting:
-            turn.waiting.pop(0).reply(turn.events.popleft())
+            event = turn.events.popleft()
+            turn.waiting.pop(0).reply(event)
+            self._handed(turn, event)
         if turn.failure is not None and not turn.events:
-            for ctx in ([turn.stream] if turn.stream is not None else []) + turn.waiting:
+            readers = ([turn.stream] if turn.stream is not None else []) + turn.waiting
+            for ctx in readers:
                 ctx.fail(turn.failure)
+            if readers:
+                turn.delivered = True
             turn.stream, turn.waiting = None, []
+        if turn.done and turn.delivered:
+            self._release(turn)
 
-    def _next(self, turn: _Turn, ctx: Context) -> Any:
+    @staticmethod
+    def _handed(turn: Turn, event: Any) -> None:
+        if isinstance(event, TurnCompleted):
+            turn.delivered = True
+
+    def _next(self, turn: Turn, ctx: Context) -> Any:
         if turn.events:
-            return turn.events.popleft()
+            event = turn.events.popleft()
+            self._handed(turn, event)
+            if turn.done and turn.delivered and not turn.events:
+                self._release(turn)
+            return event
         if turn.failure is not None:
+            turn.delivered = True
+            self._release(turn)
             raise turn.failure
         if turn.done:
             raise TurnTerminated(f"operation {turn.operation_id} has ended", receipt=turn.receipt)
         turn.waiting.append(ctx)
         return DEFER
 
-    def _stream(self, turn: _Turn, ctx: Context) -> Any:
+    def _stream(self, turn: Turn, ctx: Context) -> Any:
         if turn.stream is not None or turn.waiting:
             raise RouterError(f"operation {turn.operation_id} already has a reader", kind="busy")
         if turn.done and not turn.events and turn.failure is None:
@@ -551,7 +667,7 @@ class RouterActor(BusActor):
         self._flush(turn)
         return DEFER
 
-    def _respond(self, turn: _Turn, call_id: str, result: ToolResult) -> None:
+    def _respond(self, turn: Turn, call_id: str, result: ToolResult) -> None:
         if call_id not in turn.surfaced:
             why = "was answered already" if call_id in turn.answered else "was never surfaced"
             raise InvalidCallId(f"call {call_id!r} of operation {turn.operation_id} {why}")
@@ -562,7 +678,7 @@ class RouterActor(BusActor):
         turn.io.deliver(call_id, result)
 
     # -------------------------------------------------------------------------------------- accounting
-    def _settle(self, turn: _Turn, status: ReceiptStatus, error: str | None) -> UsageReceipt:
+    def _settle(self, turn: Turn, status: ReceiptStatus, error: str | None) -> UsageReceipt:
         """Issue the turn's one receipt: written to the ledger before it is reported."""
         if turn.receipt is not None:
             return turn.receipt
@@ -572,7 +688,7 @@ class RouterActor(BusActor):
         usage = turn.usage
         prices = turn.prices
         receipt = UsageReceipt(
-            receipt_id=f"rcpt-{uuid.uuid4()}",
+            receipt_id=turn.receipt_id,
             operation_id=turn.operation_id,
             parent_operation_id=turn.parent_operation_id,
             user_id=turn.spec.user_id,
@@ -589,8 +705,9 @@ class RouterActor(BusActor):
             error=error,
         )
         if self._ledger is not None:
-            receipt = self._ledger.record(receipt)  # the stored one wins if it exists (exactly once)
+            receipt = self._ledger.record(receipt)  # settles the open row; the stored one wins (exactly once)
         turn.receipt = receipt
+        turn.settled_at = self._monotonic()
         return receipt
 
     def _finish_unavailable(self, op: uuid.UUID) -> UsageReceipt:
@@ -606,6 +723,7 @@ class RouterActor(BusActor):
         turn.io.cancel()
         receipt = self._settle(turn, "interrupted", "accounted as unavailable by the caller")
         turn.failure = TurnTerminated(f"operation {op} was accounted as unavailable", receipt=receipt)
+        turn.delivered = True  # the caller holds the receipt; later reads are answered from the ledger
         self._flush(turn)
         return receipt
 
@@ -628,83 +746,155 @@ class RouterActor(BusActor):
                 cancelled.append(current)
         return cancelled
 
+    # -------------------------------------------------------------------------------- liveness, memory
+    def _on_tick(self) -> None:
+        self._flush_usage()
+        now = self._monotonic()
+        for turn in list(self._turns.values()):
+            if turn.done:
+                if turn.delivered or now - turn.settled_at >= self._grace:
+                    self._release(turn)  # nobody read its end within the grace: the ledger answers later
+            else:
+                self._watch(turn, now)
+
+    def _idle_on_owner(self, turn: Turn) -> bool:
+        """The turn waits for its owner: a surfaced call is unanswered, the closed stream waits to be
+        accounted, or no read of the owner's is outstanding."""
+        if turn.surfaced or turn.closed:
+            return True
+        return not (
+            (turn.stream is not None and self._live(turn.stream)) or any(map(self._live, turn.waiting))
+        )
+
+    def _watch(self, turn: Turn, now: float) -> None:
+        if not self._idle_on_owner(turn):
+            turn.idle_since = None
+            return
+        if turn.idle_since is None:
+            turn.idle_since = now
+        if now - turn.idle_since >= self._idle_bound:
+            self._interrupt(turn, f"it waited on its owner {turn.owner} for more than {self._idle_bound}s")
+        elif turn.ping_failed and now - turn.owner_seen >= self._lost_after:
+            self._owner_lost(turn, now)
+        elif (
+            turn.heartbeat is not None
+            and not turn.pinging
+            and now - max(turn.owner_seen, turn.pinged_at) >= self._ping_interval
+        ):
+            self._ping(turn, now)
+
+    def _ping(self, turn: Turn, now: float) -> None:
+        assert turn.heartbeat is not None
+        address, message = turn.heartbeat
+        op = turn.operation_id
+        turn.pinging, turn.pinged_at = True, now
+        self.ask(address, message, lambda reply: self._on_heartbeat(op, reply), timeout=self._ping_interval)
+
+    def _on_heartbeat(self, op: uuid.UUID, reply: Reply) -> None:
+        turn = self._turns.get(op)
+        if turn is None or turn.done:
+            return
+        turn.pinging = False
+        now = self._monotonic()
+        if not isinstance(reply.error, OWNER_GONE):  # a Pong, or any answer at all: the owner's side lives
+            turn.owner_seen, turn.ping_failed = now, False
+            return
+        log.info("%s: owner %s of %s did not answer: %r", self.address, turn.owner, op, reply.error)
+        turn.ping_failed = True
+        if self._idle_on_owner(turn) and now - turn.owner_seen >= self._lost_after:
+            self._owner_lost(turn, now)
+
+    def _owner_lost(self, turn: Turn, now: float) -> None:
+        self._interrupt(
+            turn, f"its owner {turn.owner} stopped answering (silent for {now - turn.owner_seen:.1f}s)"
+        )
+
+    def _interrupt(self, turn: Turn, why: str) -> None:
+        """End a turn nobody can finish: cancel the provider, account it, and let it leave memory (its
+        receipt is durable; later requests are answered from the ledger or the recent receipts)."""
+        log.info("%s: interrupting %s: %s", self.address, turn.operation_id, why)
+        turn.io.cancel()
+        self._fail(turn, "interrupted", TurnInterrupted, f"the Router interrupted the turn: {why}")
+        self._release(turn)
+
+    def _release(self, turn: Turn) -> None:
+        """Forget an ended turn (its receipt is durable, or remembered in ``_recent`` without a ledger)."""
+        op = turn.operation_id
+        if self._turns.pop(op, None) is None:
+            return
+        if turn.timer is not None:
+            turn.timer.cancel()
+        late = TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
+        for ctx in ([turn.stream] if turn.stream is not None else []) + turn.waiting:
+            if not ctx.done:
+                ctx.fail(turn.failure or late)
+        turn.stream, turn.waiting = None, []
+        if self._ledger is None and turn.receipt is not None:
+            self._recent[op] = turn.receipt
+            while len(self._recent) > self._recent_bound:
+                self._recent.popitem(last=False)
+        self._unlink(op)
+
+    def _link(self, op: uuid.UUID, parent: uuid.UUID) -> None:
+        """Record ``op`` as a child of ``parent`` for cancellation (RT-12). A parent that was itself a turn
+        and has left memory is linked again to its own parent (from its receipt), and so on up, so that
+        cancelling any ancestor still reaches ``op``."""
+        while True:
+            self._children.setdefault(parent, set()).add(op)
+            self._parent[op] = parent
+            if parent in self._parent:
+                return  # a turn in memory, or one already linked again
+            receipt = self._receipt_of(parent)
+            if receipt is None:
+                return  # not a turn (a session's or a run's operation): the top of the lineage here
+            op, parent = parent, receipt.parent_operation_id
+
+    def _unlink(self, op: uuid.UUID) -> None:
+        """Drop ``op`` from the lineage once it is neither in memory nor a parent of a turn in memory, and
+        so on up (a released turn may have stayed only as the link to its own children)."""
+        while op not in self._turns and not self._children.get(op):
+            self._children.pop(op, None)
+            parent = self._parent.pop(op, None)
+            if parent is None:
+                return
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(op)
+                if not siblings:
+                    del self._children[parent]
+            op = parent
+
     def _receipt_of(self, op: uuid.UUID) -> UsageReceipt | None:
         turn = self._turns.get(op)
         if turn is not None and turn.receipt is not None:
             return turn.receipt
-        return self._ledger.get(op) if self._ledger is not None else None
+        if self._ledger is not None:
+            return self._ledger.get(op)
+        return self._recent.get(op)
 
     def _receipts_for(self, parent: uuid.UUID) -> tuple[UsageReceipt, ...]:
-        """The ledger's receipts under ``parent`` plus those of its live turns (no ledger: only those)."""
-        found = {r.operation_id: r for r in (self._ledger.for_parent(parent) if self._ledger else ())}
+        """The ledger's receipts under ``parent`` and those of its live turns (no ledger: the recent ones)."""
+        if self._ledger is not None:
+            found = {r.operation_id: r for r in self._ledger.for_parent(parent)}
+        else:
+            found = {op: r for op, r in self._recent.items() if r.parent_operation_id == parent}
         for op in self._children.get(parent, ()):
             receipt = self._receipt_of(op)
             if receipt is not None:
                 found.setdefault(op, receipt)
         return tuple(sorted(found.values(), key=lambda r: r.issued_at_ms))
 
-    def _turn(self, op: uuid.UUID) -> _Turn:
+    def _turn(self, op: uuid.UUID, ctx: Context | None = None) -> Turn:
         turn = self._turns.get(op)
         if turn is None:
             receipt = self._receipt_of(op)
             if receipt is not None:
-                raise TurnTerminated(f"operation {op} has ended", receipt=receipt)
+                cls = TurnInterrupted if receipt.status == "interrupted" else TurnTerminated
+                raise cls(f"operation {op} has ended", receipt=receipt)
             raise TurnNotFound(f"no operation {op}")
+        if ctx is not None and ctx.header.src == turn.owner:
+            turn.owner_seen, turn.ping_failed = self._monotonic(), False  # the owner's own request
         return turn
-
-
-def parse_tool_call(call: NativeToolCall) -> TurnToolCall:
-    """The Router's half of strict parsing: the native tool must be call_ktool with a JSON-object
-    argument; anything else is a bounded ToolCallError carrying the exact native call id."""
-    if call.name != CALL_KTOOL:
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.UNKNOWN_FUNCTION, detail=f"unknown function {call.name[:60]!r}"
-            ),
-        )
-    try:
-        arguments = json.loads(call.arguments)
-    except ValueError as exc:
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(kind=ToolCallErrorKind.INVALID_JSON, detail=str(exc)[:120]),
-        )
-    if not isinstance(arguments, dict):
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.NOT_OBJECT, detail=f"arguments are a {type(arguments).__name__}"
-            ),
-        )
-    if not _fits_the_wire(arguments, 0):
-        return TurnToolCall(
-            call_id=call.call_id,
-            name=call.name,
-            error=ToolCallError(
-                kind=ToolCallErrorKind.INVALID_ARGUMENTS,
-                detail="arguments nest too deep or hold an integer beyond 64 bits",
-            ),
-        )
-    return TurnToolCall(call_id=call.call_id, name=call.name, arguments=arguments)
-
-
-def _fits_the_wire(value: Any, depth: int) -> bool:
-    """JSON msgpack can carry: integers within 64 bits, nesting within the codec's bound."""
-    if depth > 30:
-        return False
-    if isinstance(value, bool) or value is None or isinstance(value, str | float):
-        return True
-    if isinstance(value, int):
-        return -(1 << 63) <= value < (1 << 64)
-    if isinstance(value, list):
-        return all(_fits_the_wire(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(_fits_the_wire(v, depth + 1) for v in value.values())
-    return False
 
 
 def _tell_quietly(ref: Any, message: Any) -> None:

@@ -17,7 +17,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError
+from transport.errors import BusError, NotDelivered
 
 # ----------------------------------------------------------------------------------------------- requests
 
@@ -148,6 +148,28 @@ class ReceiptList:
     receipts: tuple[UsageReceipt, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetRouterStats:
+    """How much per-turn state the Router holds right now (for operators, benchmarks and tests)."""
+
+    TAG: ClassVar[str] = "router.get_stats"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterStats:
+    """``turns``: turns in memory (running, or ended and not yet delivered); ``links``: parent operations
+    with children in memory; ``recent``: receipts kept in memory (only without a data dir); ``incarnation``:
+    this Router's incarnation in its ledger (None without a data dir); ``recovered``: receipts it wrote at
+    start for turns an earlier, dead incarnation left open."""
+
+    TAG: ClassVar[str] = "router.stats"
+    turns: int
+    links: int
+    recent: int
+    incarnation: str | None
+    recovered: int
+
+
 # ------------------------------------------------------------------------------------------------- events
 
 
@@ -234,6 +256,24 @@ class TurnTerminated(RouterError):
     WIRE = "router.turn_terminated"
 
 
+class TurnInterrupted(TurnTerminated):
+    """The turn ended without completing and its receipt (status ``interrupted``) is attached: the Router
+    ended it on its own (its owner stopped answering, it waited on its owner past the bound, or the Router
+    that ran it died and a later one accounted it), or it was cut short some other way. Nothing more
+    happens on it; what the provider would have produced after the last delivered event is lost."""
+
+    WIRE = "router.turn_interrupted"
+
+
+class TurnNotStarted(RouterError, NotDelivered):
+    """``StartTurn`` was refused before any provider was called: no operation, no receipt, nothing ran.
+
+    A ``NotDelivered`` (known: nothing ran), so it is safe to retry as it is; the cause says why (the
+    intent could not be written to the ledger, the provider could not be built)."""
+
+    WIRE = "router.turn_not_started"
+
+
 class InvalidCallId(RouterError):
     """``respond`` for a call id that was not surfaced, or was answered already: nothing was sent."""
 
@@ -279,11 +319,15 @@ ROUTER_MESSAGES = (
     TurnEventBatch,
     GetReceiptsFor,
     ReceiptList,
+    GetRouterStats,
+    RouterStats,
 )
 ROUTER_ERRORS: tuple[type[BusError], ...] = (
     RouterError,
     TurnNotFound,
     TurnTerminated,
+    TurnInterrupted,
+    TurnNotStarted,
     InvalidCallId,
     ProviderFailed,
     ProviderUnavailable,
