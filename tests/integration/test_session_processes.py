@@ -118,8 +118,8 @@ def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
         f"ipc://{ipc_dir}/app.sock",
         "--app",
         "two-tools",
-        "--outcomes",
-        str(ipc_dir / "outcomes.sqlite3"),
+        "--effects",
+        str(ipc_dir / "effects.sqlite3"),
     )
     host = spawn_peer(*host_args, "--hang", script=PEERS / "host_peer.py")
     loop_node = make_node(

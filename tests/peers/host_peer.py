@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
     ap.add_argument("--app", choices=("calculator", "two-tools"), default="calculator")
     ap.add_argument("--hang", action="store_true", help="two-tools: the slow tool never finishes")
-    ap.add_argument("--outcomes", help="durable tool outcomes (SQLite file)")
+    ap.add_argument("--effects", help="the effect store (SQLite file): tool outcomes by idempotency key")
     ap.add_argument("--secret-key-file", help="this node's CURVE secret key (tcp)")
     ap.add_argument("--allow", action="append", default=[], help="NODE=Z85KEY allowed to connect")
     ap.add_argument("--router-script", help="also run a Router here, its scripted provider's script (JSON)")
@@ -116,7 +116,7 @@ def main() -> int:
     node = Node(args.name, bind=[args.bind], registry=registry(), security=Security(keys=keys, allow=allow))
     node.start()
     app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang)
-    node.spawn(HostActor, "host", host=app, outcomes=args.outcomes)
+    node.spawn(HostActor, "host", host=app, effects=args.effects)
     if args.router_script:
         provider = ScriptedProvider([json.loads(args.router_script)])
         node.spawn(RouterActor, "router", providers={"scripted": provider})
