@@ -9,6 +9,7 @@ from typing import Any
 from actors.codex.messages import CODEX_ERRORS, CODEX_MESSAGES
 from actors.conversation import CONVERSATION_ERRORS, CONVERSATION_MESSAGES
 from actors.echo import EchoActor
+from actors.effects import EFFECT_ERRORS
 from actors.inference import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
@@ -48,7 +49,7 @@ ACTOR_TYPES: Mapping[str, Callable[[Settings], Callable[..., Any]]] = {
 MESSAGES = (*SYSTEM_MESSAGES, *AGENT_TYPES, *ROUTER_MESSAGES, *INFERENCE_MESSAGES, *SESSION_MESSAGES)
 MESSAGES = (*MESSAGES, *SUBAGENT_MESSAGES, *CODEX_MESSAGES, *CONVERSATION_MESSAGES)
 ERRORS = (*ROUTER_ERRORS, UnknownModel, *INFERENCE_ERRORS, *SESSION_ERRORS)
-ERRORS = (*ERRORS, *SUBAGENT_ERRORS, *CODEX_ERRORS, *CONVERSATION_ERRORS)
+ERRORS = (*ERRORS, *SUBAGENT_ERRORS, *CODEX_ERRORS, *CONVERSATION_ERRORS, *EFFECT_ERRORS)
 
 
 def registry(max_body_bytes: int = 1 << 20) -> Registry:

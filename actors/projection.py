@@ -111,12 +111,16 @@ class StateUpdate:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolOutcome:
+    """``unknown``: the call may or may not have run (its host died while it ran); ``ok`` is then False,
+    ``text`` says so, and the host does not run it again under the same idempotency key."""
+
     TAG: ClassVar[str] = "sa.tool_outcome"
     text: str
     ok: bool
     state_updates: tuple[StateUpdate, ...] = ()
     displayed_state_keys: tuple[str, ...] = ()
     capture: JsonValue | None = None
+    unknown: bool = False
 
     @classmethod
     def success(cls, text: str) -> ToolOutcome:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
+from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
 from actors.inference import (
     DEFAULT_ROUND_LIMIT,
     AwaitStarted,
@@ -44,7 +45,6 @@ from actors.inference import (
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
-from actors.outcomes import OutcomeStore
 from actors.types import (
     AgentContinuation,
     ModelContext,
@@ -161,6 +161,9 @@ AnySessionEvent = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionToolOutcome:
+    """``unknown``: the call may or may not have run (its host died while it ran); ``ok`` is then False
+    and ``text`` says so, and the host does not run it again under the same idempotency key."""
+
     TAG: ClassVar[str] = "rs.tool_outcome"
     text: str
     ok: bool
@@ -168,6 +171,7 @@ class SessionToolOutcome:
     stop: bool = False
     finish_after_round: bool = False
     emitted_response: bool = False
+    unknown: bool = False
 
     @classmethod
     def success(cls, text: str) -> SessionToolOutcome:
@@ -272,10 +276,6 @@ def manifest_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def idempotency_key(operation_id: uuid.UUID, round: int, call_id: str) -> str:
-    return f"{operation_id}:{round}:{call_id}"
-
-
 # ------------------------------------------------------------------------------------------------- host
 
 
@@ -333,18 +333,29 @@ class HostCompleteRound:
 
 
 class HostActor(BusActor):
-    """Serves one application ``SessionHost`` on the bus (one request message per host method)."""
+    """Serves one application ``SessionHost`` on the bus (one request message per host method).
+
+    ``execute_tool`` runs at most once per idempotency key (actors/effects.py): a repeat gets the stored
+    outcome (or the stored error); a duplicate arriving while the key runs waits for that run; a key whose
+    run was cut off (the host died while it ran) gets ``SessionToolOutcome(ok=False, unknown=True)``, and the
+    tool is not run again unless ``rerun_safe`` (tool names, or a predicate on the ``ToolCall``) says so; a
+    store that cannot be written answers ``EffectStoreError`` and runs nothing. ``effects`` names the SQLite
+    file that keeps this across restarts; without it the keys are remembered in memory.
+    """
 
     def __init__(
-        self, node: Node, address: str, *, host: SessionHost, outcomes: str | Path | None = None
+        self,
+        node: Node,
+        address: str,
+        *,
+        host: SessionHost,
+        effects: str | Path | None = None,
+        rerun_safe: RerunSafe = (),
     ) -> None:
         super().__init__(node, address)
         self.host = host
-        # Finished tool outcomes survive this process when a file is given (a rerun after a crash must not
-        # run a finished effect again); otherwise they live as long as the actor.
-        self._store = OutcomeStore(outcomes) if outcomes is not None else None
-        self._outcomes: dict[str, SessionToolOutcome] = {}  # idempotency key -> stored tool outcome
-        self._running: dict[str, list[Context]] = {}  # idempotency key -> duplicates waiting for it
+        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
+        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
@@ -354,23 +365,10 @@ class HostActor(BusActor):
             case HostRecord(event=event):
                 return self._result(host.record(event), ctx)
             case HostExecuteTool(call=call, provider_operation_id=op, idempotency_key=key):
-                if key in self._outcomes:
-                    return self._outcomes[key]  # the effect ran already: never twice
-                stored = self._store.get(key) if self._store is not None else None
-                if stored is not None:
-                    outcome = self.node.registry.decode(SessionToolOutcome.TAG, stored)
-                    self._outcomes[key] = outcome
-                    return outcome
-                if key in self._running:
-                    self._running[key].append(ctx)
-                    return DEFER
-                self._running[key] = []
-                try:
-                    result = host.execute_tool(call, op)
-                except BaseException:
-                    self._running.pop(key, None)
-                    raise
-                return self._result(result, ctx, key)
+                summary = f"tool {call.name[:80]!r}" if isinstance(call, ToolCall) else "an invalid tool call"
+                return self._effects.execute(
+                    ctx, key, summary, lambda: host.execute_tool(call, op), rerun_safe=self._rerun_safe(call)
+                )
             case HostPrepareResume(outcome=outcome):
                 return self._result(host.prepare_provider_resume(outcome), ctx)
             case HostCompleteCapture(capture=capture, contents=contents):
@@ -379,32 +377,16 @@ class HostActor(BusActor):
                 return self._result(host.complete_round(completion), ctx)
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
-    def _result(self, result: Any, ctx: Context, key: str | None = None) -> Any:
-        if key is None:
-            return self.answer_when_done(result, ctx)
-        if isinstance(result, concurrent.futures.Future):
-            return self.answer_when_done(result, ctx, lambda value, error: self._tool_done(key, value, error))
-        self._tool_done(key, result, None)
-        return result
+    def _result(self, result: Any, ctx: Context) -> Any:
+        return self.answer_when_done(result, ctx)
 
     def on_stop(self) -> None:
-        if self._store is not None:
-            self._store.close()
+        self._effects.close()
         super().on_stop()
 
-    def _tool_done(self, key: str, value: Any, error: BaseException | None) -> None:
-        waiting = self._running.pop(key, [])
-        if error is None:
-            if self._store is not None and isinstance(value, SessionToolOutcome):
-                self._store.put(key, self.node.registry.encode(value))  # durable before anyone hears
-            self._outcomes[key] = value
-        for ctx in waiting:
-            if ctx.done:
-                continue
-            if error is not None:
-                ctx.fail(error)
-            else:
-                ctx.reply(value)
+
+def _unknown_outcome(text: str) -> SessionToolOutcome:
+    return SessionToolOutcome(text=text, ok=False, unknown=True)
 
 
 # ------------------------------------------------------------------------------------------------- loop

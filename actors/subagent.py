@@ -18,9 +18,11 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
+from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
 from actors.inference import (
     AwaitStarted,
     FinishUnavailable,
@@ -269,10 +271,14 @@ class RenderedCall:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostExecuteTool:
+    """``idempotency_key``: the run's operation id and the call id (``idempotency_key(op, call_id)``), so
+    a repeat never runs the tool twice; empty: unprotected."""
+
     TAG: ClassVar[str] = "sa.host.execute_tool"
     call: ToolCall
     operation_id: uuid.UUID
     budget: ContextBudget
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -290,11 +296,27 @@ class HostRecord:
 
 
 class RunHostActor(BusActor):
-    """Serves one application ``Host`` on the bus: one request message per host method."""
+    """Serves one application ``Host`` on the bus: one request message per host method.
 
-    def __init__(self, node: Node, address: str, *, host: Host) -> None:
+    ``execute_tool`` runs at most once per idempotency key, as in ``run_session``'s ``HostActor``
+    (actors/effects.py): a repeat gets the stored outcome; a key whose run was cut off gets
+    ``ToolOutcome(ok=False, unknown=True)`` and is not run again unless ``rerun_safe`` says so; a store that
+    cannot be written answers ``EffectStoreError``. ``effects``: the SQLite file (else in memory).
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        address: str,
+        *,
+        host: Host,
+        effects: str | Path | None = None,
+        rerun_safe: RerunSafe = (),
+    ) -> None:
         super().__init__(node, address)
         self.host = host
+        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
+        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
@@ -304,8 +326,14 @@ class RunHostActor(BusActor):
                 if not isinstance(text, str):
                     raise SubagentHostError(f"render_tool_call returned {type(text).__name__}, not str")
                 return RenderedCall(text=text)
-            case HostExecuteTool(call=call, operation_id=op, budget=budget):
-                return self._result(host.execute_tool(call, op, budget), ctx)
+            case HostExecuteTool(call=call, operation_id=op, budget=budget, idempotency_key=key):
+                return self._effects.execute(
+                    ctx,
+                    key,
+                    f"tool {call.name[:80]!r}",
+                    lambda: host.execute_tool(call, op, budget),
+                    rerun_safe=self._rerun_safe(call),
+                )
             case HostCompleteCapture(capture=capture, contents=contents, budget=budget):
                 return self._result(host.complete_capture(capture, contents, budget), ctx)
             case HostRecord(event=event):
@@ -314,6 +342,14 @@ class RunHostActor(BusActor):
 
     def _result(self, result: Any, ctx: Context) -> Any:
         return self.answer_when_done(result, ctx)
+
+    def on_stop(self) -> None:
+        self._effects.close()
+        super().on_stop()
+
+
+def _unknown_outcome(text: str) -> ToolOutcome:
+    return ToolOutcome(text=text, ok=False, unknown=True)
 
 
 # -------------------------------------------------------------------------------------------------- run
@@ -598,7 +634,12 @@ class SubagentRunActor(BusActor):
             assert self._handle_op is not None
             budget = self._budget(pending=text)  # SA-20: P before this result is applied
             self._call_host(
-                HostExecuteTool(call=call, operation_id=self._handle_op, budget=budget),
+                HostExecuteTool(
+                    call=call,
+                    operation_id=self._handle_op,
+                    budget=budget,
+                    idempotency_key=idempotency_key(self._handle_op, call_id),
+                ),
                 lambda outcome: self._classify(call_id, call, text, outcome),
             )
 

@@ -2,17 +2,25 @@
 
 Tools run on this actor's thread, one call at a time; a tool that raises gives ``ToolExecution(ok=False)``
 and the actor lives on. It may run in another process than the conversation (``builder().host(address)``):
-start it there with ``node.spawn(ToolHostActor, name, registry=registry)``.
+start it there with ``node.spawn(ToolHostActor, name, registry=registry, effects="tools.sqlite3")``.
+
+Each ``ExecuteTool`` with an ``idempotency_key`` runs at most once per key (actors/effects.py): a repeat
+gets the stored ``ToolExecution``; a key whose run was cut off (this host died while it ran) gets
+``ToolExecution(ok=False, unknown=True)`` and is not run again, unless its tool was registered
+``rerun_safe``; a store that cannot be written answers ``EffectStoreError`` and runs nothing. ``effects``
+names the SQLite file that keeps this across restarts; without it the keys are remembered in memory.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from actors.base import BusActor, Context
 from actors.conversation.messages import BindSink, ExecuteTool, ListTools, ToolList
 from actors.conversation.sinks import RemoteSink
-from actors.conversation.tools import ToolRegistry
+from actors.conversation.tools import ToolExecution, ToolRegistry
+from actors.effects import EffectRunner, EffectStore
 from transport.node import Node
 
 __all__ = ["ToolHostActor"]
@@ -23,14 +31,24 @@ class ToolHostActor(BusActor):
     # stop has given up on a busy tool) instead of waiting on it forever.
     use_daemon_thread = True
 
-    def __init__(self, node: Node, address: str, *, registry: ToolRegistry) -> None:
+    def __init__(
+        self, node: Node, address: str, *, registry: ToolRegistry, effects: str | Path | None = None
+    ) -> None:
         super().__init__(node, address)
         self.registry = registry
+        self._effects = EffectRunner(self, EffectStore(effects), _unknown)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         match message:
-            case ExecuteTool(name=name, arguments=arguments):
-                return self.registry.execute(name, arguments)
+            case ExecuteTool(name=name, arguments=arguments, idempotency_key=key):
+                registry = self.registry
+                return self._effects.execute(
+                    ctx,
+                    key,
+                    f"tool {name[:80]!r}",
+                    lambda: registry.execute(name, arguments),
+                    rerun_safe=registry.is_rerun_safe(name),
+                )
             case ListTools():
                 return ToolList(specs=self.registry.specs())
             case BindSink(address=address):
@@ -38,3 +56,11 @@ class ToolHostActor(BusActor):
                 self.registry.bind_sink(sink)
                 return None
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+
+    def on_stop(self) -> None:
+        self._effects.close()
+        super().on_stop()
+
+
+def _unknown(text: str) -> ToolExecution:
+    return ToolExecution(ok=False, unknown=True, text=text)

@@ -97,7 +97,7 @@ max_input_tokens = 4000
 """
 
 
-def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
+def test_host_killed_mid_tool_then_a_rerun_repeats_no_tool(
     ipc_dir: Path,
     spawn_peer: Callable[..., PeerProcess],
     make_node: Callable[..., Node],
@@ -105,12 +105,15 @@ def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
 ) -> None:
     """The host process dies while its second tool runs: the run ends Unavailable (outcome unknown), the
     interrupted turn has exactly one receipt at the Router, and a rerun with the same operation (so the
-    same idempotency keys) gets the first tool's stored outcome without running it again."""
+    same idempotency keys) on a new host process over the same effect store runs no tool again: the first
+    tool's stored outcome is reused, the cut-off one is reported as "outcome unknown" (to the host's
+    prepare_provider_resume and so to the model), and the tools' own log shows each ran exactly once."""
     from actors.router.ledger import ReceiptLedger
     from transport.errors import Unavailable
 
     (ipc_dir / "brain.toml").write_text(TWO_TOOLS)
     router = kbus_node(ipc_dir / "brain.toml")
+    log = ipc_dir / "effects.log"
     host_args = (
         "--name",
         "app",
@@ -118,8 +121,10 @@ def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
         f"ipc://{ipc_dir}/app.sock",
         "--app",
         "two-tools",
-        "--outcomes",
-        str(ipc_dir / "outcomes.sqlite3"),
+        "--effects",
+        str(ipc_dir / "effects.sqlite3"),
+        "--effect-log",
+        str(log),
     )
     host = spawn_peer(*host_args, "--hang", script=PEERS / "host_peer.py")
     loop_node = make_node(
@@ -148,11 +153,14 @@ def test_host_killed_mid_tool_then_a_rerun_does_not_repeat_the_finished_tool(
         ledger.close()
     router = kbus_node(ipc_dir / "brain.toml")  # the same data directory: the same ledger
 
-    # The rerun: a new host process on the same outcome store, the same operation id and round.
+    # The rerun: a new host process on the same effect store, the same operation id and round.
     host = spawn_peer(*host_args, script=PEERS / "host_peer.py")
     loop_node.connect(Peer("app", f"ipc://{ipc_dir}/app.sock"), wait=20)
     loop_node.connect(Peer("brain", f"ipc://{ipc_dir}/brain.sock"), wait=20)
     answer = run_session(loop_node, "brain/router", request, "app/host", timeout=60)
     assert answer == "six times seven is 42"  # round 2 of the app completes the session
-    # Only the unfinished tool ran again; the finished one was answered from the store.
-    assert host.expect_line("EXECUTE", timeout=20) == "EXECUTE slow"
+    resumed = [host.expect_line("CALL prepare_provider_resume", timeout=20) for _ in range(2)]
+    assert resumed[0] == "CALL prepare_provider_resume fast done"  # the stored outcome
+    assert resumed[1].startswith("CALL prepare_provider_resume outcome unknown: tool 'slow' started at")
+    # The run is over: every tool that ever ran is in the log, each once.
+    assert log.read_text().splitlines() == ["fast", "slow"]

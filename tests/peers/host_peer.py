@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import signal
 import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 from actors.inference import PreparedRound
@@ -82,15 +84,22 @@ class CalculatorApp:
 
 class TwoToolsApp(CalculatorApp):
     """Two tools per round: ``fast`` answers at once; ``slow`` never finishes when ``hang`` is set (the
-    process is then killed mid-tool). Prints ``EXECUTE <tool>`` each time a tool really runs."""
+    process is then killed mid-tool). Each time a tool really runs it appends its name to ``effect_log``
+    (when given), then prints ``EXECUTE <tool>``."""
 
-    def __init__(self, hang: bool) -> None:
+    def __init__(self, hang: bool, effect_log: Path | None = None) -> None:
         super().__init__()
         self.hang = hang
+        self.effect_log = effect_log
         self.pending: list[concurrent.futures.Future[Any]] = []
 
     def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
         name = call.name if isinstance(call, ToolCall) else "invalid"
+        if self.effect_log is not None:
+            with self.effect_log.open("a") as f:
+                f.write(name + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         print("EXECUTE", name, flush=True)
         if name == "slow" and self.hang:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -106,7 +115,8 @@ def main() -> int:
     ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
     ap.add_argument("--app", choices=("calculator", "two-tools"), default="calculator")
     ap.add_argument("--hang", action="store_true", help="two-tools: the slow tool never finishes")
-    ap.add_argument("--outcomes", help="durable tool outcomes (SQLite file)")
+    ap.add_argument("--effects", help="the effect store (SQLite file): tool outcomes by idempotency key")
+    ap.add_argument("--effect-log", help="two-tools: append-only file, one line per real tool run")
     ap.add_argument("--secret-key-file", help="this node's CURVE secret key (tcp)")
     ap.add_argument("--allow", action="append", default=[], help="NODE=Z85KEY allowed to connect")
     ap.add_argument("--router-script", help="also run a Router here, its scripted provider's script (JSON)")
@@ -115,8 +125,9 @@ def main() -> int:
     allow = {key: name for name, key in (a.split("=", 1) for a in args.allow)}
     node = Node(args.name, bind=[args.bind], registry=registry(), security=Security(keys=keys, allow=allow))
     node.start()
-    app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang)
-    node.spawn(HostActor, "host", host=app, outcomes=args.outcomes)
+    log = Path(args.effect_log) if args.effect_log else None
+    app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang, log)
+    node.spawn(HostActor, "host", host=app, effects=args.effects)
     if args.router_script:
         provider = ScriptedProvider([json.loads(args.router_script)])
         node.spawn(RouterActor, "router", providers={"scripted": provider})

@@ -2,7 +2,9 @@
 
 Tools: ``note`` appends its ``text`` argument to the replaceable state ``notes`` and displays it; ``slow``
 answers from another thread through a future; ``save`` designates the terminal answer as a capture, which
-``complete_capture`` "saves". Every call is printed as ``CALL <name> <detail>`` (``fits_state`` answers
+``complete_capture`` "saves"; ``hold`` appends its ``key`` argument to the ``--effect-log`` file, prints
+``TOOL_ENTERED <key>`` and, with ``--hold``, never finishes (the test kills the process). ``--effects``
+names the host's effect store. Every call is printed as ``CALL <name> <detail>`` (``fits_state`` answers
 included, computed here from the budget that crossed the process boundary).
 Prints ``READY {"endpoints": [...]}`` once bound; serves until SIGTERM or stdin closes.
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import signal
 import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 from actors.nodes import registry
@@ -31,8 +35,11 @@ def say(*parts: Any) -> None:
 class NotesApp:
     """The application object (a Host)."""
 
-    def __init__(self) -> None:
+    def __init__(self, effect_log: Path | None = None, hold: bool = False) -> None:
         self.notes: list[str] = []
+        self.effect_log = effect_log
+        self.hold = hold
+        self.pending: list[concurrent.futures.Future[Any]] = []
 
     def render_tool_call(self, call: ToolCall) -> str:
         say("render", call.name)
@@ -54,6 +61,18 @@ class NotesApp:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             threading.Thread(target=lambda: future.set_result(ToolOutcome.success("slow done"))).start()
             return future
+        if call.name == "hold" and self.effect_log is not None:
+            key = str(call.arguments.get("key", ""))
+            with self.effect_log.open("a") as f:
+                f.write(key + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            print("TOOL_ENTERED", key, flush=True)
+            if not self.hold:
+                return ToolOutcome.success(f"{key} appended")
+            held: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self.pending.append(held)  # never resolved: the effect is still running when we die
+            return held
         if call.name == "save":
             return ToolOutcome(
                 text="saving the answer", ok=True, capture={"file": call.arguments.get("file")}
@@ -73,10 +92,14 @@ def main() -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--bind", required=True)
     ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
+    ap.add_argument("--effects", help="the effect store (SQLite file)")
+    ap.add_argument("--effect-log", help="append-only file: one line per real run of the hold tool")
+    ap.add_argument("--hold", action="store_true", help="the hold tool never finishes")
     args = ap.parse_args()
     node = Node(args.name, bind=[args.bind], registry=registry())
     node.start()
-    node.spawn(RunHostActor, "host", host=NotesApp())
+    app = NotesApp(Path(args.effect_log) if args.effect_log else None, args.hold)
+    node.spawn(RunHostActor, "host", host=app, effects=args.effects)
     print("READY " + json.dumps({"endpoints": list(node.endpoints)}), flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

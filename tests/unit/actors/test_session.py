@@ -894,6 +894,32 @@ def test_host_actor_idempotent_execute_tool(node: Node) -> None:
     assert node.request("n1/host", other, timeout=WAIT) == SessionToolOutcome.success("ran 2")
 
 
+def test_an_unknown_tool_outcome_reaches_the_host_and_the_model_as_a_failure(
+    node: Node, tmp_path: Path
+) -> None:
+    """A rerun of a call whose earlier run was cut off (its host died mid-tool; the store holds its intent
+    and no outcome): execute_tool is not called, prepare_provider_resume gets
+    ``SessionToolOutcome(ok=False, unknown=True)``, and the model a failed tool result that says so."""
+    from actors.effects import EffectStore
+
+    provider = ScriptedProvider()
+    node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider})
+    store = tmp_path / "effects.sqlite3"
+    dead = EffectStore(store, incarnation="dead-host")  # the rows a host that died mid-tool leaves
+    dead.claim(idempotency_key(OP, 1, "c1"), "tool 't'")
+    dead.close()
+    app = RecordingHost(provider)
+    node.spawn(HostActor, "host", host=app, effects=store)
+    provider.add([tool("c1"), {"text": "after"}])
+    assert run(Topology("inproc", node, provider, "n1/router", "n1/host")) == "final"
+    assert "execute_tool" not in app.names()
+    (resume,) = [e[1] for e in app.trace if e[0] == "resume"]
+    assert (resume.ok, resume.unknown) == (False, True)
+    assert resume.text.startswith("outcome unknown: tool 't' started at")
+    ((call_id, result),) = provider.results
+    assert (call_id, result.success, result.output) == ("c1", False, resume.text)
+
+
 def test_host_actor_future_keeps_record_flowing(node: Node) -> None:
     """HostFuture: a tool returning a Future is answered later; record is served meanwhile; a duplicate
     key waits for the same run."""

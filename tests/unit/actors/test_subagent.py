@@ -882,6 +882,33 @@ def test_a_negative_reserve_is_refused_before_anything_happens(
     assert host.trace == [] and provider.turns == []
 
 
+def test_sa20_each_tool_call_is_keyed_by_the_run_operation_and_its_call_id(
+    node: Node, runtime: InferenceRuntime, provider: ScriptedProvider, tmp_path: Path
+) -> None:
+    """SA-20 and the effect store: every HostExecuteTool carries ``idempotency_key(operation_id, call_id)``,
+    with the run's own operation id that execute_tool receives; the store holds one finished row per call."""
+    import sqlite3
+
+    from actors.effects import idempotency_key
+
+    app = RecordingHost(provider)
+    store = tmp_path / "effects.sqlite3"
+    node.spawn(RunHostActor, "host", host=app, effects=store)
+    provider.add([call("c1", "t1"), call("c2", "t2"), {"text": "done"}])
+    assert go(runtime).answer == "done"
+    (op,) = {e[2] for e in app.trace if e[0] == "execute_tool"}
+    assert op != OP  # the run's child operation, not its parent
+    db = sqlite3.connect(store)
+    try:
+        rows = db.execute("SELECT key, summary, tag FROM effects ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+    assert rows == [
+        (idempotency_key(op, "c1"), "tool 't1'", ToolOutcome.TAG),
+        (idempotency_key(op, "c2"), "tool 't2'", ToolOutcome.TAG),
+    ]
+
+
 class HeldTool:
     """A host tool whose outcome the test releases; records when the run's receipt has been recorded."""
 
