@@ -533,8 +533,11 @@ class ConversationActor(KernelHost):
             self._done(ctx, result)
 
         def listed(reply: Reply) -> None:
-            if reply.error is not None:
-                self._fail_turn(it.user_at, reply.error, answer)
+            if reply.error is not None:  # nothing of the continuation ran: the turn stays interrupted
+                self._interrupted = InterruptedTurn(
+                    it.turn_index, it.user_at, it.steps, (), len(self._transcript)
+                )
+                answer(reply.error)
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
             run = KernelRun(
@@ -556,12 +559,15 @@ class ConversationActor(KernelHost):
     ) -> None:
         if run.suspended is not None and run.suspended_call is not None:
             self._suspend_turn(run, user_at, (run.suspended_call,), run.suspended, answer)
-        elif isinstance(error, Unavailable | Expired) and (run.steps or run.new):
-            # The Router (or the loop) was lost after the turn had done something: what the model was
-            # doing is unknown, what the tools did is known. Keep it, and let continue_turn go on.
+        elif isinstance(error, NotDelivered | Unavailable | Expired) and (
+            run.steps or run.new or run.base > user_at + 1
+        ):
+            # The Router (or the loop) was lost once the turn had done something (or it continues one that
+            # had): what the model was doing is unknown, what the tools did is known. Keep it, and let
+            # continue_turn go on.
             self._suspend_turn(run, user_at, (), error, answer)
         elif error is not None:
-            self._fail_turn(user_at, error, answer)
+            self._fail_turn(user_at, error, answer, kept=run.base)
         else:
             self._finish_turn(run, user_at, answer)
 
@@ -585,14 +591,18 @@ class ConversationActor(KernelHost):
         self._log(logging.WARNING, "turn %d suspended: %r", run.turn_index, error)
         answer(error)
 
-    def _fail_turn(self, user_at: int, error: BaseException, answer: Callable[[Any], None]) -> None:
+    def _fail_turn(
+        self, user_at: int, error: BaseException, answer: Callable[[Any], None], *, kept: int | None = None
+    ) -> None:
         """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn
-        still counts (CV-05): the session file says so for a resume."""
-        del self._transcript[user_at + 1 :]  # a continued turn may have settled calls already
+        still counts (CV-05): the session file says so for a resume. A continued turn keeps the calls it
+        settled before its kernel ran (``kept``: they ran, and a rerun of the turn must see them)."""
+        keep = max(user_at + 1, kept or 0)
+        del self._transcript[keep:]
         self._emit(MessageAppended(message=self._transcript[user_at], index=user_at))
         if self._journal is not None:
             try:
-                self._journal.failed(self._turn_index - 1, f"{type(error).__name__}: {error}"[:500])
+                self._journal.failed(self._turn_index - 1, f"{type(error).__name__}: {error}"[:500], keep)
             except OSError:
                 log.exception("%s: cannot write the session file", self.address)
         self._log(logging.WARNING, "turn failed: %r", error)

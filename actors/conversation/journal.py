@@ -155,8 +155,12 @@ class Journal:
         """An interrupted turn the conversation moved on from: its messages stay as they are."""
         self.write({"type": "turn_closed", "turn_index": turn_index, "reason": reason}, durable=True)
 
-    def failed(self, turn_index: int, error: str) -> None:
-        self.write({"type": "turn_failed", "turn_index": turn_index, "error": error}, durable=True)
+    def failed(self, turn_index: int, error: str, kept: int | None = None) -> None:
+        """``kept``: the transcript length the failed turn leaves (default: up to its user message)."""
+        record: dict[str, Any] = {"type": "turn_failed", "turn_index": turn_index, "error": error}
+        if kept is not None:
+            record["kept"] = kept
+        self.write(record, durable=True)
 
     def compacted(self, boundary: CompactionBoundary, transcript: list[Message]) -> None:
         record = record_of(boundary)
@@ -303,7 +307,8 @@ def read_journal(path: Path) -> Restored:
                 ended = int(record["turn_index"])
                 turn_index = max(turn_index, ended + 1)
                 if kind == "turn_failed" and open_turn is not None and open_turn.turn_index == ended:
-                    del transcript[open_turn.user_at + 1 :]  # CV-10: only the user message stays
+                    # CV-10: only the user message stays (and what a continuation had settled: "kept")
+                    del transcript[max(open_turn.user_at + 1, int(record.get("kept", 0))) :]
                 open_turn = None
             elif kind == "compaction_boundary":
                 boundaries += 1

@@ -289,6 +289,7 @@ class ConversationRuntimeBuilder:
         self._session_file: Path | None = None
         self._resume = True
         self._journal_sync = Sync.EFFECTS
+        self._effects: Path | None = None
         self._compactor: Compactor | None = None
         self._sink: EventSink | None = None
         self._session_id: str | None = None
@@ -349,6 +350,14 @@ class ConversationRuntimeBuilder:
         """The session's JSONL file; with ``resume`` an existing file restores the transcript first."""
         self._session_file = Path(path)
         self._resume = resume
+        return self
+
+    def effects(self, path: str | Path) -> ConversationRuntimeBuilder:
+        """The effect store of the tool host ``build()`` starts (SQLite: an intent row before each tool runs,
+        its outcome after; a repeated idempotency key answers the stored outcome and never runs the tool
+        twice). Default: next to the session file (``<session file>.effects.sqlite3``); without a session
+        file, an in-memory store that lives as long as the host."""
+        self._effects = Path(path)
         return self
 
     def journal_sync(self, sync: Sync | str) -> ConversationRuntimeBuilder:
@@ -437,7 +446,10 @@ class ConversationRuntimeBuilder:
         if host is None:
             host_node = self._host_node or where
             host_name = f"{name}.host"
-            host_node.spawn(ToolHostActor, host_name, registry=self._tools or ToolRegistry())
+            effects = self._effects
+            if effects is None and self._session_file is not None:
+                effects = self._session_file.with_name(self._session_file.name + ".effects.sqlite3")
+            host_node.spawn(ToolHostActor, host_name, registry=self._tools or ToolRegistry(), effects=effects)
             facade._owned.append((host_node, host_name))
             host = f"{host_node.name}/{host_name}"
         sink_address = facade._sink_address(self._sink)
