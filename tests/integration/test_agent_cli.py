@@ -366,3 +366,32 @@ def test_an_unreachable_endpoint_exits_with_one_clear_line(kbus_process: Start, 
     assert code == 3, out + err
     assert err.strip().count("\n") == 0, err
     assert "cannot reach" in err and "nobody.sock" in err, err
+
+
+def test_kbus_chat_continues_a_turn_the_session_file_shows_interrupted(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    """A session file whose last turn has a tool call journaled and no result (what a SIGKILL during the
+    tool leaves): ``kbus chat --session`` settles the call through the tool host by its idempotency key,
+    lets the model go on, and the file then records the turn's end."""
+    from actors.conversation import read_journal
+    from actors.conversation.journal import Journal, PendingCall
+    from actors.conversation.types import Message
+
+    session = tmp_path / "chat.jsonl"
+    journal = Journal(session)
+    journal.session("c0")
+    journal.turn_started(0, 0, Message.user("what is 6 * 7?"))
+    journal.tool_call(0, 1, PendingCall("c0:0:1:c1", "c1", "calculate", '{"expression": "6 * 7"}'))
+    journal.close()
+    config = tmp_path / "scripted.toml"
+    config.write_text('[providers.scripted]\nkind = "scripted"\nscripts = [[{ text = "It is 42." }]]\n')
+    args = ["--config", str(config), "--model", "scripted", "--data-dir", str(tmp_path / "data")]
+    proc = kbus_process("chat", *args, "--session", str(session), stdin=subprocess.PIPE)
+    out, err = proc.communicate("/quit\n", timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "continuing turn 0" in err, err
+    assert "It is 42." in out
+    restored = read_journal(session)
+    assert restored.interrupted is None
+    assert [m.content for m in restored.transcript][-2:] == ["6 * 7 = 42", "It is 42."]
