@@ -3,6 +3,9 @@
 Tools run on this actor's thread, one call at a time; a tool that raises gives ``ToolExecution(ok=False)``
 and the actor lives on. It may run in another process than the conversation (``builder().host(address)``):
 start it there with ``node.spawn(ToolHostActor, name, registry=registry)``.
+
+It also holds the conversation's checkpoint binding (``BindCheckpoints``; checkpoints.py): the checkpoint
+tools run here, next to the files they snapshot, and ``HostRestoreCheckpoint`` restores through it.
 """
 
 from __future__ import annotations
@@ -10,7 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from actors.base import BusActor, Context
-from actors.conversation.messages import BindSink, ExecuteTool, ListTools, ToolList
+from actors.conversation.checkpoints import CheckpointBinding, TouchedFiles, bind_checkpoints
+from actors.conversation.messages import (
+    BindCheckpoints,
+    BindSink,
+    CheckpointsBound,
+    ConversationError,
+    ExecuteTool,
+    HostRestoreCheckpoint,
+    ListTools,
+    ToolList,
+)
+from actors.conversation.shadow import CheckpointError, ShadowRepo
 from actors.conversation.sinks import RemoteSink
 from actors.conversation.tools import ToolRegistry
 from transport.node import Node
@@ -26,6 +40,7 @@ class ToolHostActor(BusActor):
     def __init__(self, node: Node, address: str, *, registry: ToolRegistry) -> None:
         super().__init__(node, address)
         self.registry = registry
+        self._checkpoints: CheckpointBinding | None = None
 
     def handle(self, message: Any, ctx: Context) -> Any:
         match message:
@@ -37,4 +52,32 @@ class ToolHostActor(BusActor):
                 sink = RemoteSink(self.node, address, src=self.address) if address is not None else None
                 self.registry.bind_sink(sink)
                 return None
+            case BindCheckpoints():
+                return self._bind_checkpoints(message)
+            case HostRestoreCheckpoint(checkpoint_id=checkpoint_id):
+                if self._checkpoints is None:
+                    raise ConversationError("checkpoints are not enabled in this conversation")
+                try:
+                    return self._checkpoints.restore(checkpoint_id)
+                except CheckpointError as exc:
+                    raise ConversationError(f"restore: {exc}") from None
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+
+    def _bind_checkpoints(self, bind: BindCheckpoints) -> CheckpointsBound:
+        touched = None
+        if bind.touched_slot:
+            touched = TouchedFiles.lookup(bind.touched_slot)
+            if touched is None:
+                raise ConversationError(
+                    "enable_checkpoints: the TouchedFiles given is not in the tool host's process"
+                )
+        try:
+            shadow = ShadowRepo.from_spec(bind.shadow)
+            binding = bind_checkpoints(
+                self.registry, shadow, bind.session_id, bind.log_path, touched, restore_tool=bind.restore_tool
+            )
+        except CheckpointError as exc:
+            raise ConversationError(f"enable_checkpoints: {exc}") from None
+        self._checkpoints = binding
+        names = tuple(fn.__name__ for fn, _ in binding.tools(restore=bind.restore_tool))
+        return CheckpointsBound(tools=names)
