@@ -39,7 +39,9 @@ __all__ = [
     "RESTORE_TOOL",
     "CheckpointBinding",
     "TouchedFiles",
+    "append_restore_line",
     "bind_checkpoints",
+    "checkpoint_lines",
 ]
 
 CHECKPOINT_TOOLS: Final = ("checkpoint_list", "checkpoint_diff", "checkpoint_save")
@@ -124,6 +126,37 @@ def _line(info: CheckpointInfo) -> str:
     return f"{info.checkpoint_id[:12]}  {when}  {info.files_total} files{skipped}  {info.label}"
 
 
+def checkpoint_lines(found: Iterable[CheckpointInfo]) -> list[str]:
+    """One line per checkpoint: id, time, file count, message."""
+    return [_line(c) for c in found]
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    line = json.dumps(record, ensure_ascii=True) + "\n"
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def append_restore_line(path: str | os.PathLike[str], report: RestoreReport, now: float) -> None:
+    """The ``"event": "restore"`` line of a checkpoint log (creating its folder if needed)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _append_line(
+        target,
+        {
+            "event": "restore",
+            "checkpoint_id": report.checkpoint_id,
+            "session_id": report.session_id,
+            "written": list(report.written[:200]),
+            "removed": list(report.removed[:200]),
+            "left_alone": [{"path": s.path, "reason": s.reason} for s in report.left_alone[:200]],
+            "at_ms": int(now * 1000),
+        },
+    )
+
+
 class CheckpointBinding:
     """One ``enable_checkpoints``: the session's checkpoint chain on a shadow repository, and its tools."""
 
@@ -149,11 +182,7 @@ class CheckpointBinding:
             ) from None
 
     def _log(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=True) + "\n"
-        with self.log_path.open("a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        _append_line(self.log_path, record)
 
     # -------------------------------------------------------------------------------- operations
     def save(self, message: str) -> CheckpointInfo:
@@ -199,17 +228,7 @@ class CheckpointBinding:
 
     def restore(self, checkpoint_id: str) -> RestoreReport:
         report = self.shadow.restore(self.session_id, checkpoint_id)
-        self._log(
-            {
-                "event": "restore",
-                "checkpoint_id": report.checkpoint_id,
-                "session_id": report.session_id,
-                "written": list(report.written[:200]),
-                "removed": list(report.removed[:200]),
-                "left_alone": [{"path": s.path, "reason": s.reason} for s in report.left_alone[:200]],
-                "at_ms": int(self.shadow.clock() * 1000),
-            }
-        )
+        append_restore_line(self.log_path, report, self.shadow.clock())
         if self.touched is not None:
             self.touched.update([*report.written, *report.removed])
         return report
