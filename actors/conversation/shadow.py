@@ -59,6 +59,7 @@ WORKTREE: Final = "worktree"  # the name of the working tree as a side of a diff
 REF_PREFIX: Final = "refs/kbus/checkpoints/"
 _GIT_OUTPUT_LIMIT: Final = 256 * 1024 * 1024  # what a listing may print; the tree's size bounds it anyway
 _MARK: Final = "kbus-checkpoint: "
+_BATCH: Final = 500  # paths on one git command line
 _SESSION: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _EMPTY_TREE: Final = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _ATTRIBUTES: Final = "* -text -filter -ident -working-tree-encoding\n"
@@ -370,13 +371,14 @@ class ShadowRepo:
         """What a save may add: every path git sees (tracked in this index, or untracked and not ignored),
         with the ones it must not hold set apart."""
         args = ["ls-files", "-z", "--cached", "--others", "--exclude-standard"]
-        stdin = None
-        if files is not None:
-            if not files:
-                return _Scan((), (), whole=False)
-            args += ["--pathspec-from-file=-", "--pathspec-file-nul"]
-            stdin = b"".join(os.fsencode(_literal(f)) + b"\0" for f in files)
-        listed = sorted(set(_split0(self._run(*args, index=index, stdin=stdin)[1])))
+        if files is None:
+            listed = sorted(set(_split0(self._run(*args, index=index)[1])))
+        else:  # ls-files takes no pathspec file: the paths go on the command line, a bounded batch at a time
+            found: set[str] = set()
+            for start in range(0, len(files), _BATCH):
+                batch = [_literal(f) for f in files[start : start + _BATCH]]
+                found.update(_split0(self._run(*args, "--", *batch, index=index)[1]))
+            listed = sorted(found)
         keep: list[str] = []
         skipped: list[Skipped] = []
         for path in listed:
@@ -430,7 +432,9 @@ class ShadowRepo:
         with tempfile.TemporaryDirectory(prefix="kbus-index-", dir=self.git_dir / "kbus-index") as folder:
             scratch = Path(folder) / "index"
             if index.exists():
-                shutil.copyfile(index, scratch)
+                # copy2 keeps the index's mtime: git's racy-entry check (a file changed in the same tick as
+                # the index was written) compares against it; a fresh mtime would hide such a change
+                shutil.copy2(index, scratch)
             else:
                 self._prepare_index(scratch, head)
             scan = self._scan(scratch, None)
