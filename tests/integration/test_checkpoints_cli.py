@@ -25,13 +25,12 @@ SCRIPT = """
 kind = "scripted"
 scripts = [
   [{ call = { name = "checkpoint_save", arguments = { message = "before the command" } }, id = "c1" },
-   { call = { name = "run_command", arguments = { command = "echo made > made.txt; rm old.txt" } },
-     id = "c2" },
+   { call = { name = "run_command", arguments = { command = "COMMAND" } }, id = "c2" },
    { call = { name = "checkpoint_save", arguments = { message = "after the command" } }, id = "c3" },
    { text = "Done." }],
   [{ text = "I see the restore." }],
 ]
-"""
+""".replace("COMMAND", "echo made > made.txt; rm old.txt")
 
 
 @pytest.fixture
