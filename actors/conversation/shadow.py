@@ -60,6 +60,7 @@ REF_PREFIX: Final = "refs/kbus/checkpoints/"
 _GIT_OUTPUT_LIMIT: Final = 256 * 1024 * 1024  # what a listing may print; the tree's size bounds it anyway
 _MARK: Final = "kbus-checkpoint: "
 _BATCH: Final = 500  # paths on one git command line
+LOOSE_OBJECTS_TO_PACK: Final = 1000
 _SESSION: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _EMPTY_TREE: Final = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _ATTRIBUTES: Final = "* -text -filter -ident -working-tree-encoding\n"
@@ -343,8 +344,12 @@ class ShadowRepo:
             "commit.gpgSign": "false",
             "kbus.shadow": "kbus-shadow",
         }
-        for key, value in settings.items():
-            self._run("config", key, value, env=env)
+        sections: dict[str, list[str]] = {}
+        for key, value in settings.items():  # appended as text: git reads the last value of a key
+            section, _, name = key.partition(".")
+            sections.setdefault(section, []).append(f"\t{name} = {value}\n")
+        with (git_dir / "config").open("a", encoding="utf-8") as f:
+            f.writelines(f"[{section}]\n" + "".join(lines) for section, lines in sections.items())
         (git_dir / "kbus-no-hooks").mkdir()
         (git_dir / "kbus-index").mkdir()
         (git_dir / "info").mkdir(exist_ok=True)
@@ -381,13 +386,49 @@ class ShadowRepo:
             listed = sorted(found)
         keep: list[str] = []
         skipped: list[Skipped] = []
+        # git lists no fifo, socket or device at all: find them, so they are named and never silently gone
+        specials = self._specials(index) if files is None else [f for f in files if self._special(f)]
+        skipped.extend(Skipped(path=p, reason="not a regular file") for p in specials if p not in listed)
         for path in listed:
             reason = self._skip_reason(path)
             if reason is None:
                 keep.append(path)
             else:
                 skipped.append(Skipped(path=path.rstrip("/"), reason=reason))
+        skipped.sort(key=lambda s: s.path)
         return _Scan(tuple(keep), tuple(skipped), whole=files is None)
+
+    def _special(self, path: str) -> bool:
+        try:
+            mode = os.lstat(self.work_tree / path).st_mode
+        except OSError:
+            return False
+        return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+    def _specials(self, index: Path) -> list[str]:
+        """The fifos, sockets and devices in the tree that .gitignore does not exclude (a walk that skips
+        ignored folders, nested repositories and symlinks)."""
+        args = ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"]
+        ignored = set(_split0(self._run(*args, index=index)[1]))
+        found: list[str] = []
+        pending = [""]
+        while pending:
+            folder = pending.pop()
+            try:
+                entries = list(os.scandir(self.work_tree / folder))
+            except OSError:
+                continue
+            if folder and any(e.name == ".git" for e in entries):
+                continue  # a nested repository: ls-files names it
+            for entry in entries:
+                rel = f"{folder}{entry.name}"
+                if entry.name == ".git" or rel in ignored or rel + "/" in ignored:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(rel + "/")
+                elif not (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+                    found.append(rel)
+        return found
 
     def _skip_reason(self, path: str) -> str | None:
         if path.endswith("/"):
@@ -480,7 +521,17 @@ class ShadowRepo:
             commit = self._run(*args, env=env, stdin=message.encode("utf-8", "surrogateescape"))[1]
             checkpoint_id = commit.decode().strip()
             self._run("update-ref", ref, checkpoint_id, head or "0" * 40)
+            self._pack_if_many()
         return _info(checkpoint_id, label, record)
+
+    def _pack_if_many(self) -> None:
+        """Pack the loose objects once there are many (a first save of a big tree): one file per object
+        takes a disk block each (about 4 KiB for a 300-byte file)."""
+        counts = dict(
+            line.split(": ", 1) for line in self._out("count-objects", "-v").splitlines() if ": " in line
+        )
+        if int(counts.get("count", "0")) >= LOOSE_OBJECTS_TO_PACK:
+            self._run("repack", "-d", "-q", "--no-write-bitmap-index")
 
     # ------------------------------------------------------------------------------------ reading
     def sessions(self) -> list[str]:

@@ -302,6 +302,14 @@ def test_a_symlink_out_of_the_tree_is_not_followed(
     assert "d (symbolic link)" in report.text
 
 
+def test_a_fifo_is_skipped_and_listed(tree: Path, make_shadow: Callable[..., ShadowRepo]) -> None:
+    (tree / "plain.txt").write_text("p\n")
+    os.mkfifo(tree / "pipe")
+    info = make_shadow().snapshot("s1", "special")
+    assert [(s.path, s.reason) for s in info.skipped] == [("pipe", "not a regular file")]
+    assert info.files == ("plain.txt",)
+
+
 def test_a_nested_git_repository_is_skipped_and_listed(
     tree: Path, make_shadow: Callable[..., ShadowRepo]
 ) -> None:

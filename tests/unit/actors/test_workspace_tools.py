@@ -206,3 +206,17 @@ def test_run_command_refuses_bad_arguments(root: Path) -> None:
         t["run_command"]("  ")
     with pytest.raises(ToolRefused, match="at most 60"):
         t["run_command"]("true", timeout_seconds=61)
+
+
+def test_the_cli_hides_every_api_key_env_its_catalog_names(tmp_path: Path) -> None:
+    """``kbus run/chat --edit``: run_command's environment lacks the variables the catalog's providers name."""
+    import argparse
+
+    from actors.agent_cli import credential_names
+
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[providers.lab]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "LAB_CRED"\n'
+    )
+    assert "LAB_CRED" in credential_names(argparse.Namespace(config=str(config)))
+    assert credential_names(argparse.Namespace(config=str(tmp_path / "missing.toml"))) == ()
