@@ -634,23 +634,24 @@ class ShadowRepo:
                 self._remove(path)
             self._prune_dirs(removed, target_dirs)
             writable: list[str] = []
+            blocked: set[str] = set()
             for path in write:
                 blocker = self._blocked(path)
                 if blocker is None:
                     writable.append(path)
                 else:
                     leave.setdefault(path, f"{blocker} is in the way")
+                    blocked.add(path)
             if writable:
                 with tempfile.TemporaryDirectory(prefix="kbus-index-", dir=self.git_dir / "kbus-index") as d:
                     scratch = Path(d) / "index"
                     self._run("read-tree", target, index=scratch)
                     stdin = b"".join(os.fsencode(p) + b"\0" for p in writable)
                     self._run("checkout-index", "-f", "-z", "--stdin", index=scratch, stdin=stdin)
-        touched = {*removed, *writable}
-        left = tuple(
+        left = tuple(  # what is there to leave alone: the blocked, and the skipped that exist
             Skipped(path=p, reason=r)
             for p, r in sorted(leave.items())
-            if p in touched or os.path.lexists(self.work_tree / p)
+            if p in blocked or os.path.lexists(self.work_tree / p)
         )
         return _report(info, tuple(sorted(writable)), tuple(sorted(removed)), left)
 

@@ -302,6 +302,27 @@ def test_a_symlink_out_of_the_tree_is_not_followed(
     assert "d (symbolic link)" in report.text
 
 
+def test_restore_never_writes_through_an_ignored_symlink(
+    tree: Path, make_shadow: Callable[..., ShadowRepo], tmp_path: Path
+) -> None:
+    """A folder of the checkpoint that is now an ignored symlink out of the tree (so no save lists it): the
+    restore leaves it alone and names it instead of writing through it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tree / "d").mkdir()
+    (tree / "d" / "x.txt").write_text("inside\n")
+    shadow = make_shadow()
+    info = shadow.snapshot("s1", "real folder")
+    (tree / "d" / "x.txt").unlink()
+    (tree / "d").rmdir()
+    (tree / "d").symlink_to(outside)
+    (tree / ".gitignore").write_text("d\n")
+    report = shadow.restore("s1", info.checkpoint_id)
+    assert os.listdir(outside) == []
+    assert (tree / "d").is_symlink()
+    assert ("d/x.txt", "d is in the way") in {(s.path, s.reason) for s in report.left_alone}
+
+
 def test_a_fifo_is_skipped_and_listed(tree: Path, make_shadow: Callable[..., ShadowRepo]) -> None:
     (tree / "plain.txt").write_text("p\n")
     os.mkfifo(tree / "pipe")

@@ -209,7 +209,7 @@ def test_run_command_refuses_bad_arguments(root: Path) -> None:
 
 
 def test_the_cli_hides_every_api_key_env_its_catalog_names(tmp_path: Path) -> None:
-    """``kbus run/chat --edit``: run_command's environment lacks the variables the catalog's providers name."""
+    """``kbus run/chat --edit``: run_command's environment lacks each variable a catalog provider names."""
     import argparse
 
     from actors.agent_cli import credential_names
