@@ -527,9 +527,10 @@ def workspace_tools(
 def register_workspace_tools(
     registry: ToolRegistry, workdir: str | os.PathLike[str], **options: Any
 ) -> None:
-    """Register ``workspace_tools(workdir, **options)`` on ``registry``, each as mutating."""
+    """Register ``workspace_tools(workdir, **options)`` on ``registry``, each as mutating; ``write_file``
+    also as safe to rerun (the same content again), the other two not (an edit or a command may not be)."""
     for fn in workspace_tools(workdir, **options):
-        registry.register(fn, mutating=True)
+        registry.register(fn, mutating=True, rerun_safe=fn.__name__ == "write_file")
 
 
 def builtin_tools(

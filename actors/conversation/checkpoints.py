@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
@@ -51,11 +50,12 @@ _SLOTS: weakref.WeakValueDictionary[str, TouchedFiles] = weakref.WeakValueDictio
 
 
 class TouchedFiles:
-    """A thread-safe set of paths (relative to the working tree) that tools wrote, plus an "everything"
-    mark for a tool that may have written anywhere. ``slot_id`` names it to a tool host in this process."""
+    """A set of paths (relative to the working tree) that tools wrote, plus an "everything" mark for a tool
+    that may have written anywhere. ``slot_id`` names it to a tool host in this process. It is used from the
+    tool host's thread (the tools and the saves run there, one at a time): no lock (MB-01); ``take`` swaps
+    the set out in one step, so an ``add`` from elsewhere is never lost, only left for the next save."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._paths: set[str] = set()
         self._everything = False
         self.slot_id = uuid.uuid4().hex
@@ -67,48 +67,38 @@ class TouchedFiles:
         return _SLOTS.get(slot_id)
 
     def add(self, path: str) -> None:
-        with self._lock:
-            self._paths.add(path)
+        self._paths.add(path)
 
     def add_all(self) -> None:
         """Something changed, paths unknown: the next save covers the whole tree."""
-        with self._lock:
-            self._everything = True
+        self._everything = True
 
     def update(self, paths: Iterable[str]) -> None:
-        with self._lock:
-            self._paths.update(paths)
+        self._paths.update(paths)
 
     def take(self) -> tuple[tuple[str, ...], bool]:
         """The recorded paths (sorted) and the "everything" mark; the set is empty afterwards."""
-        with self._lock:
-            paths, everything = tuple(sorted(self._paths)), self._everything
-            self._paths.clear()
-            self._everything = False
-            return paths, everything
+        paths, self._paths = self._paths, set()
+        everything, self._everything = self._everything, False
+        return tuple(sorted(paths)), everything
 
     def put_back(self, paths: Iterable[str], everything: bool) -> None:
         """Undo a ``take`` whose save failed: nothing recorded is lost."""
-        with self._lock:
-            self._paths.update(paths)
-            self._everything = self._everything or everything
+        self._paths.update(paths)
+        self._everything = self._everything or everything
 
     def snapshot(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self._paths)
+        return frozenset(self._paths)
 
     @property
     def everything(self) -> bool:
-        with self._lock:
-            return self._everything
+        return self._everything
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._paths)
+        return len(self._paths)
 
     def __contains__(self, path: object) -> bool:
-        with self._lock:
-            return path in self._paths
+        return path in self._paths
 
     def __repr__(self) -> str:
         return f"TouchedFiles({len(self)} paths{', everything' if self.everything else ''})"
@@ -306,5 +296,6 @@ def bind_checkpoints(
     for name in (*CHECKPOINT_TOOLS, RESTORE_TOOL):
         registry.unregister(name)
     for fn, mutating in binding.tools(restore=restore_tool):
-        registry.register(fn, mutating=mutating)
+        # a save run twice makes two checkpoints; the others end the same however often they run
+        registry.register(fn, mutating=mutating, rerun_safe=fn.__name__ != "checkpoint_save")
     return binding

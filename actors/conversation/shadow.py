@@ -17,8 +17,9 @@ tree are honoured (the user's ``.git/info/exclude`` and global excludes are not:
   since are removed, and paths the snapshot could not hold (skipped then, or skipped now) are left alone and
   named. Ignored files are never touched.
 - Every git call has a deadline (``git_timeout``); a failure raises ``CheckpointError`` with one line.
-- Saves and restores of one shadow repository are serialised in this process; across processes git's own
-  index lock and a compare-and-swap ref update refuse the loser with a ``CheckpointError``.
+- No lock here (MB-01): a session's calls come from its tool host, one at a time (its mailbox serialises
+  them); two hosts or processes on one shadow repository each use their own session index, and git's own
+  index lock and a compare-and-swap ref update refuse a concurrent loser with a ``CheckpointError``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -64,8 +64,6 @@ LOOSE_OBJECTS_TO_PACK: Final = 1000
 _SESSION: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _EMPTY_TREE: Final = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _ATTRIBUTES: Final = "* -text -filter -ident -working-tree-encoding\n"
-_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
 
 
 class CheckpointError(Exception):
@@ -134,11 +132,6 @@ class _Scan:
     whole: bool
 
 
-def _lock_for(git_dir: Path) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(str(git_dir), threading.Lock())
-
-
 def _split0(data: bytes) -> list[str]:
     return [p for p in data.decode("utf-8", "surrogateescape").split("\0") if p]
 
@@ -193,7 +186,6 @@ class ShadowRepo:
         self.git_timeout = git_timeout
         self.clock = clock
         self.git = git
-        self._lock = _lock_for(self.git_dir)
         self._opened = False
 
     @classmethod
@@ -492,36 +484,35 @@ class ShadowRepo:
         chain; returns the new checkpoint. Always makes a checkpoint, even when nothing changed."""
         ref = self.ref(session_id)
         label = " ".join(label.split())[:200] or "checkpoint"
-        with self._lock:
-            self.open()
-            index = self._index(session_id)
-            head = self._head(ref)
-            self._prepare_index(index, head)
-            scan = self._scan(index, None if files is None else [_relative(f) for f in files])
-            self._stage(index, scan)
-            tree = self._out("write-tree", index=index)
-            if files is not None:
-                covered = sorted({*scan.paths, *(s.path for s in scan.skipped)})
-            else:
-                covered = self._changed(head if head is not None else _EMPTY_TREE, tree)
-            now = self.clock()
-            created_ms = int(now * 1000)
-            record = {
-                "session_id": session_id,
-                "created_at_ms": created_ms,
-                "files": covered[:MAX_LISTED],
-                "files_total": len(covered),
-                "skipped": [[s.path, s.reason] for s in scan.skipped[:MAX_LISTED]],
-                "skipped_total": len(scan.skipped),
-            }
-            message = f"{label}\n\n{_MARK}{json.dumps(record, ensure_ascii=True)}\n"
-            env = self._env(index)
-            env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"@{int(now)} +0000"
-            args = ["commit-tree", tree, *(["-p", head] if head is not None else []), "-F", "-"]
-            commit = self._run(*args, env=env, stdin=message.encode("utf-8", "surrogateescape"))[1]
-            checkpoint_id = commit.decode().strip()
-            self._run("update-ref", ref, checkpoint_id, head or "0" * 40)
-            self._pack_if_many()
+        self.open()
+        index = self._index(session_id)
+        head = self._head(ref)
+        self._prepare_index(index, head)
+        scan = self._scan(index, None if files is None else [_relative(f) for f in files])
+        self._stage(index, scan)
+        tree = self._out("write-tree", index=index)
+        if files is not None:
+            covered = sorted({*scan.paths, *(s.path for s in scan.skipped)})
+        else:
+            covered = self._changed(head if head is not None else _EMPTY_TREE, tree)
+        now = self.clock()
+        created_ms = int(now * 1000)
+        record = {
+            "session_id": session_id,
+            "created_at_ms": created_ms,
+            "files": covered[:MAX_LISTED],
+            "files_total": len(covered),
+            "skipped": [[s.path, s.reason] for s in scan.skipped[:MAX_LISTED]],
+            "skipped_total": len(scan.skipped),
+        }
+        message = f"{label}\n\n{_MARK}{json.dumps(record, ensure_ascii=True)}\n"
+        env = self._env(index)
+        env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = f"@{int(now)} +0000"
+        args = ["commit-tree", tree, *(["-p", head] if head is not None else []), "-F", "-"]
+        commit = self._run(*args, env=env, stdin=message.encode("utf-8", "surrogateescape"))[1]
+        checkpoint_id = commit.decode().strip()
+        self._run("update-ref", ref, checkpoint_id, head or "0" * 40)
+        self._pack_if_many()
         return _info(checkpoint_id, label, record)
 
     def _pack_if_many(self) -> None:
@@ -592,16 +583,15 @@ class ShadowRepo:
     def diff(self, session_id: str, a: str, b: str = WORKTREE, *, max_bytes: int = MAX_DIFF_BYTES) -> str:
         """The unified diff from ``a`` to ``b``: each a checkpoint of the session or ``WORKTREE``; at most
         ``max_bytes`` of it, with a last line saying how much was left out."""
-        with self._lock:
-            self.open()
-            sides = []
-            for side in (a, b):
-                if side.strip().lower() in (WORKTREE, "", "working tree"):
-                    sides.append(self._worktree_tree(session_id)[0])
-                else:
-                    sides.append(self.resolve(session_id, side).checkpoint_id)
-            args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", *sides, "--"]
-            _, out, size = self._run(*args, limit=max_bytes, env=self._env(None))
+        self.open()
+        sides = []
+        for side in (a, b):
+            if side.strip().lower() in (WORKTREE, "", "working tree"):
+                sides.append(self._worktree_tree(session_id)[0])
+            else:
+                sides.append(self.resolve(session_id, side).checkpoint_id)
+        args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", *sides, "--"]
+        _, out, size = self._run(*args, limit=max_bytes, env=self._env(None))
         text = out.decode("utf-8", "replace")
         if size > len(out):
             text += f"\n[diff truncated: the first {len(out)} of {size} bytes]"
@@ -610,44 +600,43 @@ class ShadowRepo:
     # ------------------------------------------------------------------------------------ restore
     def restore(self, session_id: str, checkpoint_id: str) -> RestoreReport:
         """Make the working tree the checkpoint's snapshot again (see the module docstring)."""
-        with self._lock:
-            self.open()
-            info = self.resolve(session_id, checkpoint_id)
-            target = info.checkpoint_id
-            current, skipped_now = self._worktree_tree(session_id)
-            status = self._run("diff-tree", "-r", "-z", "--name-status", "--no-renames", current, target)[1]
-            fields = _split0(status)
-            changes = list(zip(fields[0::2], fields[1::2], strict=True))
-            leave: dict[str, str] = {s.path: f"skipped by the checkpoint: {s.reason}" for s in info.skipped}
-            leave.update({s.path: s.reason for s in skipped_now})
-            listed = self._run("ls-tree", "-r", "-z", "--name-only", target)[1]
-            target_dirs = {str(Path(p).parent) for p in _split0(listed)}
-            removed: list[str] = []
-            write: list[str] = []
-            for kind, path in changes:
-                if kind == "D":
-                    if _under(path, leave) is None:
-                        removed.append(path)
-                elif _under(path, leave) is None:
-                    write.append(path)
-            for path in removed:
-                self._remove(path)
-            self._prune_dirs(removed, target_dirs)
-            writable: list[str] = []
-            blocked: set[str] = set()
-            for path in write:
-                blocker = self._blocked(path)
-                if blocker is None:
-                    writable.append(path)
-                else:
-                    leave.setdefault(path, f"{blocker} is in the way")
-                    blocked.add(path)
-            if writable:
-                with tempfile.TemporaryDirectory(prefix="kbus-index-", dir=self.git_dir / "kbus-index") as d:
-                    scratch = Path(d) / "index"
-                    self._run("read-tree", target, index=scratch)
-                    stdin = b"".join(os.fsencode(p) + b"\0" for p in writable)
-                    self._run("checkout-index", "-f", "-z", "--stdin", index=scratch, stdin=stdin)
+        self.open()
+        info = self.resolve(session_id, checkpoint_id)
+        target = info.checkpoint_id
+        current, skipped_now = self._worktree_tree(session_id)
+        status = self._run("diff-tree", "-r", "-z", "--name-status", "--no-renames", current, target)[1]
+        fields = _split0(status)
+        changes = list(zip(fields[0::2], fields[1::2], strict=True))
+        leave: dict[str, str] = {s.path: f"skipped by the checkpoint: {s.reason}" for s in info.skipped}
+        leave.update({s.path: s.reason for s in skipped_now})
+        listed = self._run("ls-tree", "-r", "-z", "--name-only", target)[1]
+        target_dirs = {str(Path(p).parent) for p in _split0(listed)}
+        removed: list[str] = []
+        write: list[str] = []
+        for kind, path in changes:
+            if kind == "D":
+                if _under(path, leave) is None:
+                    removed.append(path)
+            elif _under(path, leave) is None:
+                write.append(path)
+        for path in removed:
+            self._remove(path)
+        self._prune_dirs(removed, target_dirs)
+        writable: list[str] = []
+        blocked: set[str] = set()
+        for path in write:
+            blocker = self._blocked(path)
+            if blocker is None:
+                writable.append(path)
+            else:
+                leave.setdefault(path, f"{blocker} is in the way")
+                blocked.add(path)
+        if writable:
+            with tempfile.TemporaryDirectory(prefix="kbus-index-", dir=self.git_dir / "kbus-index") as d:
+                scratch = Path(d) / "index"
+                self._run("read-tree", target, index=scratch)
+                stdin = b"".join(os.fsencode(p) + b"\0" for p in writable)
+                self._run("checkout-index", "-f", "-z", "--stdin", index=scratch, stdin=stdin)
         left = tuple(  # what is there to leave alone: the blocked, and the skipped that exist
             Skipped(path=p, reason=r)
             for p, r in sorted(leave.items())

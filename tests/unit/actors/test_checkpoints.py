@@ -433,6 +433,8 @@ def test_restore_is_registered_as_mutating_and_only_on_request(tmp_path: Path, t
     assert sorted(plain.names()) == sorted(CHECKPOINT_TOOLS)
     assert full.is_mutating(RESTORE_TOOL)
     assert not any(full.is_mutating(name) for name in CHECKPOINT_TOOLS)
+    rerun_safe = {n for n in (*CHECKPOINT_TOOLS, RESTORE_TOOL) if full.is_rerun_safe(n)}
+    assert rerun_safe == {"checkpoint_list", "checkpoint_diff", RESTORE_TOOL}  # a save twice makes two
 
 
 def test_diff_is_bounded_and_either_side_may_be_the_working_tree(

@@ -116,6 +116,7 @@ def test_workspace_tools_are_registered_as_mutating(root: Path) -> None:
     register_workspace_tools(registry, root)
     assert sorted(registry.names()) == sorted(WORKSPACE_TOOLS)
     assert all(registry.is_mutating(name) for name in WORKSPACE_TOOLS)
+    assert [n for n in WORKSPACE_TOOLS if registry.is_rerun_safe(n)] == ["write_file"]
     result = registry.execute("edit_file", {"path": "missing.txt", "old_text": "a", "new_text": "b"})
     assert not result.ok and "no such file" in result.text
 
