@@ -19,6 +19,11 @@ system prompt lists the tools with the exact call form; ``--max-steps`` bounds t
 a prompt that spells the call out (see ``DEMO_PROMPT``) and copies the calculator's ``"EXPR = VALUE"`` line
 into its answer; asked vaguely, it often calls a tool that does not exist.
 
+``--edit`` adds the workspace tools (``write_file``, ``edit_file``, ``run_command``, registered as mutating);
+``--checkpoints`` binds the session to a shadow git repository of ``--workdir`` under ``--data-dir`` (tools
+``checkpoint_save``/``list``/``diff``/``restore``; every save covers the whole tree, so a file a command
+wrote is never missed); ``kbus checkpoints list|diff|restore`` reads and restores them from outside a chat.
+
 Exit codes: 0 done, 1 a turn failed, 2 bad input (unknown model, bad ``--tools``, bad config), 3 the
 endpoint or its Router is unreachable, 130 interrupted.
 """
@@ -41,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from actors.builtin_tools import builtin_tools
+from actors.builtin_tools import builtin_tools, register_workspace_tools
 
 DEMO_PROMPT: Final = (
     'What is 1234 * 5678? Call call_ktool with {"name": "calculate", "arguments": {"expression": '
@@ -276,6 +281,41 @@ def _security(args: argparse.Namespace) -> Any:
     return Security(keys=keys)
 
 
+def credential_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every ``api_key_env`` the catalog names (the built-in one, or ``--config``'s): ``run_command``'s
+    environment never holds them. A config that cannot be read names none here (loading it reports why)."""
+    from actors.router.catalog import ModelCatalog
+    from config import ConfigError
+
+    raw: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                raw = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return ()
+    try:
+        catalog = ModelCatalog.from_mapping(raw)
+    except (ConfigError, ValueError):
+        return ()
+    names = (p.options.get("api_key_env") for p in catalog.providers)
+    return tuple(sorted({n for n in names if isinstance(n, str)}))
+
+
+def checkpoint_session(args: argparse.Namespace) -> str:
+    """The checkpoint session of a chat: ``--checkpoint-session``, else one derived from ``--session`` (the
+    same file gives the same session again), else a new one."""
+    import hashlib
+
+    if args.checkpoint_session:
+        return str(args.checkpoint_session)
+    if args.session:
+        path = os.path.abspath(args.session)
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(path).stem).strip("._-")[:60] or "chat"
+        return f"{stem}-{hashlib.sha256(os.fsencode(path)).hexdigest()[:8]}"
+    return f"chat-{uuid.uuid4().hex[:12]}"
+
+
 class Agent:
     """One conversation wired to a Router: in-process or on a ``--connect``-ed node."""
 
@@ -297,6 +337,9 @@ class Agent:
         self.operations: list[uuid.UUID] = []
         self.clock: Callable[[], float] = time.monotonic  # the turn limit's clock (tests inject one)
         self.stop_timeout = 10.0  # seconds ``stop`` waits for each actor of the conversation
+        self.cancel_commands = threading.Event()  # set on stop: a run_command still running is killed
+        self.checkpoint_session: str | None = None
+        self.shadow: Any = None
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -314,6 +357,10 @@ class Agent:
             workdir = Path(self.args.workdir or os.getcwd())
             for fn in builtin_tools(workdir):
                 registry.register(fn)
+            if self.args.edit:
+                register_workspace_tools(
+                    registry, workdir, secret_env=credential_names(self.args), cancel=self.cancel_commands
+                )
             for spec in self.args.tools or ():
                 registry.register(load_tool(spec))
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -355,6 +402,27 @@ class Agent:
             restored = len(self.runtime.transcript())
             if restored:
                 print(f"kbus: resumed {restored} messages from {self.args.session}", file=self.err)
+        if self.args.checkpoints:
+            self._enable_checkpoints(workdir)
+
+    def _enable_checkpoints(self, workdir: Path) -> None:
+        from actors.conversation import ConversationError
+        from actors.conversation.shadow import CheckpointError, ShadowRepo
+
+        session = checkpoint_session(self.args)
+        data_dir = Path(self.args.data_dir or _default_data_dir())
+        try:
+            ShadowRepo.ref(session)
+            self.shadow = ShadowRepo.for_work_tree(workdir, data_dir)
+            log = ShadowRepo.default_folder(workdir, data_dir) / f"{session}.jsonl"
+            self.runtime.enable_checkpoints(self.shadow, session, log, restore_tool=True, timeout=60.0)
+        except (CheckpointError, ConversationError) as exc:
+            raise CliError(f"--checkpoints: {exc}") from None
+        self.checkpoint_session = session
+        print(
+            f"kbus: checkpoints on (session {session}); the agent saves them with checkpoint_save",
+            file=self.err,
+        )
 
     def _in_process(self) -> None:
         from actors.nodes import build_node
@@ -414,6 +482,7 @@ class Agent:
     def stop(self, *, close: bool = True) -> None:
         """End the session (``close``: SessionEnd, after any running turn) and stop what ``start`` started."""
         self.progress.stop()
+        self.cancel_commands.set()
         try:
             if self.runtime is not None:
                 if close:
@@ -567,6 +636,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 CHAT_HELP = """commands:
   /model NAME   use another catalog model from the next turn on
   /compact      summarise the conversation so far (keeps the last messages)
+  /checkpoints  list this session's checkpoints (with --checkpoints)
+  /restore ID   restore the working tree to checkpoint ID; the model is told what changed
   /help         this list
   /quit         leave (Ctrl-D too); Ctrl-C interrupts a running turn"""
 
@@ -648,6 +719,8 @@ def _repl(agent: Agent) -> None:
                     print(f"nothing to compact yet ({before} messages)", flush=True)
                 else:
                     print(f"compacted: {before} messages -> {after}", flush=True)
+            elif command in ("/checkpoints", "/restore"):
+                _checkpoint_command(agent, command, rest)
             else:
                 print(f"unknown command {command}; /help lists them", flush=True)
             continue
@@ -656,6 +729,81 @@ def _repl(agent: Agent) -> None:
         except BusError as exc:
             agent.printer.newline()
             print(f"kbus: the turn failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _checkpoint_command(agent: Agent, command: str, rest: str) -> None:
+    from actors.conversation.checkpoints import checkpoint_lines
+    from actors.conversation.shadow import CheckpointError
+    from transport import BusError
+
+    if agent.checkpoint_session is None or agent.shadow is None:
+        print("checkpoints are off; start kbus chat with --checkpoints", flush=True)
+        return
+    try:
+        if command == "/checkpoints":
+            found = agent.shadow.list(agent.checkpoint_session)
+            print("\n".join(checkpoint_lines(found)) or "no checkpoints yet", flush=True)
+        elif not rest:
+            print("usage: /restore CHECKPOINT_ID", flush=True)
+        else:
+            print(agent.runtime.restore_checkpoint(rest, timeout=120.0).text, flush=True)
+    except (CheckpointError, BusError) as exc:
+        print(f"kbus: {exc}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """``kbus checkpoints list|diff|restore``: every session's checkpoints of ``--workdir``."""
+    from actors.conversation.checkpoints import append_restore_line, checkpoint_lines
+    from actors.conversation.shadow import WORKTREE, CheckpointError, ShadowRepo
+
+    data_dir = Path(args.data_dir or _default_data_dir())
+    try:
+        workdir = Path(args.workdir or os.getcwd())
+        folder = ShadowRepo.default_folder(workdir, data_dir)
+        shadow = ShadowRepo.for_work_tree(workdir, data_dir)
+        if not (shadow.git_dir / "config").is_file():
+            raise CliError(f"no checkpoints of {shadow.work_tree} in {data_dir}")
+        if args.action == "list":
+            sessions = [args.session] if args.session else shadow.sessions()
+            for session in sessions:
+                found = shadow.list(session)
+                print(f"session {session}: {len(found)} checkpoint(s)")
+                for line in checkpoint_lines(found):
+                    print(f"  {line}")
+            if not sessions:
+                print("no checkpoints")
+            return 0
+        if not args.ids:
+            raise CliError(f"checkpoints {args.action} needs a checkpoint id")
+        if args.action == "diff":
+            first = args.ids[0]
+            if first.lower() == WORKTREE:
+                if len(args.ids) < 2:
+                    raise CliError("checkpoints diff worktree needs a checkpoint id after it")
+                info = _find(shadow, args.ids[1], args.session)
+            else:
+                info = _find(shadow, first, args.session)
+            second = args.ids[1] if len(args.ids) > 1 else WORKTREE
+            print(shadow.diff(info.session_id, first, second, max_bytes=args.max_bytes))
+            return 0
+        if len(args.ids) != 1:
+            raise CliError("checkpoints restore takes one checkpoint id")
+        info = _find(shadow, args.ids[0], args.session)
+        report = shadow.restore(info.session_id, info.checkpoint_id)
+        append_restore_line(folder / f"{info.session_id}.jsonl", report, shadow.clock())
+        print(report.text)
+        return 0
+    except CliError as exc:
+        print(f"kbus checkpoints: {exc}", file=sys.stderr)
+        return exc.code
+    except CheckpointError as exc:
+        print(f"kbus checkpoints: {exc}", file=sys.stderr)
+        return 1
+
+
+def _find(shadow: Any, checkpoint_id: str, session: str | None) -> Any:
+    return shadow.resolve(session, checkpoint_id) if session else shadow.find(checkpoint_id)
 
 
 # ----------------------------------------------------------------------------------------------- parser
@@ -672,7 +820,18 @@ def add_parsers(sub: Any) -> None:
             metavar="MODULE:FUNCTION",
             help="add a tool (a function with type hints and a docstring); repeatable; FILE.py:FUNCTION too",
         )
-        p.add_argument("--workdir", help="the folder read_file/list_dir may read (default: the current one)")
+        p.add_argument("--workdir", help="the folder the file tools work in (default: the current one)")
+        p.add_argument(
+            "--edit",
+            action="store_true",
+            help="add the workspace tools write_file, edit_file and run_command (confined to --workdir)",
+        )
+        p.add_argument(
+            "--checkpoints",
+            action="store_true",
+            help="checkpoint tools on a shadow git repository of --workdir (under --data-dir)",
+        )
+        p.add_argument("--checkpoint-session", help="with --checkpoints: the checkpoint session's name")
         p.add_argument("--session", help="JSONL session file: resumed when it exists, appended to")
         p.add_argument("--system", help="the system prompt (default: one listing the tools)")
         p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn at most (default 4)")
@@ -701,3 +860,12 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("chat", help="an agent conversation in the terminal (/help inside)")
     common(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("checkpoints", help="list, diff or restore the checkpoints of a working tree")
+    p.add_argument("action", choices=("list", "diff", "restore"))
+    p.add_argument("ids", nargs="*", metavar="ID", help="diff: ID [ID|worktree]; restore: ID")
+    p.add_argument("--workdir", help="the working tree (default: the current folder)")
+    p.add_argument("--data-dir", help="where the shadow repositories are (default ~/.local/share/kbus)")
+    p.add_argument("--session", help="only this checkpoint session")
+    p.add_argument("--max-bytes", type=int, default=1_000_000, help="diff: print at most this much")
+    p.set_defaults(func=cmd_checkpoints)

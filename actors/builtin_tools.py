@@ -16,25 +16,57 @@ with a one-line reason meant for the model (and the user) to read.
   escapes and symlinks leading out are refused. Output is bounded (``max_chars``; ``max_entries``).
   Confinement is checked when the path is resolved; a symlink swapped in between that check and the read
   is not guarded against (the tools are meant for a user's own folder, not a hostile one).
+
+The workspace tools (``workspace_tools``; ``register_workspace_tools`` registers them as mutating, for plan
+mode and the permission hook) change files, confined to the same folder by the same resolution:
+
+- ``write_file(path, content)``: creates or replaces a file (parent folders made as needed), atomically (a
+  temporary file renamed over it), keeping an existing file's mode.
+- ``edit_file(path, old_text, new_text)``: replaces the one exact occurrence of ``old_text``; none or several
+  is an error result that says how many.
+- ``run_command(command, timeout_seconds)``: ``/bin/sh -c COMMAND`` in the working directory with stdin
+  closed, in its own process group. Past its timeout, or when the ``cancel`` event is set, the whole group is
+  killed (SIGKILL); processes it leaves running in its group are ended when it returns. Each output stream is
+  capped at ``max_output`` bytes and the full size is noted. Its environment is this process's without any
+  credential: every variable ``secret_env`` names (the CLI passes each ``api_key_env`` of the Router catalog)
+  and every variable whose name contains KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL (any case) is
+  removed (``command_environment``).
+
+Each records what it wrote in the ``TouchedFiles`` it was given: the two file tools the path, and
+``run_command`` (which cannot know) the "everything" mark, so the next checkpoint covers the whole tree.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import operator
 import os
+import re
 import stat
-from collections.abc import Callable
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+from actors.subprocesses import run_bounded
+
+if TYPE_CHECKING:
+    from actors.conversation.checkpoints import TouchedFiles
+    from actors.conversation.tools import ToolRegistry
 
 __all__ = [
     "MAX_EXPRESSION_CHARS",
     "MAX_INT_BITS",
+    "WORKSPACE_TOOLS",
     "ToolRefused",
     "builtin_tools",
     "calculate",
+    "command_environment",
+    "register_workspace_tools",
+    "workspace_tools",
 ]
 
 MAX_EXPRESSION_CHARS: Final = 500
@@ -42,6 +74,12 @@ MAX_INT_BITS: Final = 4096  # about 1233 decimal digits
 MAX_EXPONENT: Final = 10_000  # for float powers; integer powers are bounded by MAX_INT_BITS
 MAX_FILE_CHARS: Final = 4000
 MAX_DIR_ENTRIES: Final = 200
+MAX_WRITE_BYTES: Final = 4 * 1024 * 1024  # what write_file and edit_file write at most
+COMMAND_TIMEOUT: Final = 60.0  # seconds run_command gives a command unless told otherwise
+MAX_COMMAND_TIMEOUT: Final = 600.0
+MAX_COMMAND_OUTPUT: Final = 8000  # bytes kept of each output stream of run_command
+WORKSPACE_TOOLS: Final = ("write_file", "edit_file", "run_command")
+SECRET_NAME: Final = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 class ToolRefused(ValueError):
@@ -232,6 +270,27 @@ class _Folder:
             raise self._outside(path)
         return resolved
 
+    def resolve_target(self, path: str) -> Path:
+        """A path a tool may write: it need not exist, but after every existing symlink on it is followed it
+        must be inside the directory (and not the directory itself)."""
+        text = path.strip()
+        if not text:
+            raise ToolRefused("a path is needed")
+        if "\0" in text:
+            raise ToolRefused("a path cannot contain a NUL character")
+        candidate = Path(text)
+        if not candidate.is_absolute():
+            candidate = self.root / candidate
+        try:
+            resolved = candidate.resolve(strict=False)  # follows the symlinks that exist, a dangling one too
+        except (OSError, RuntimeError) as exc:
+            raise ToolRefused(f"cannot resolve {path!r}: {type(exc).__name__}") from None
+        if not resolved.is_relative_to(self.root):
+            raise self._outside(path)
+        if resolved == self.root:
+            raise ToolRefused(f"{path!r} is the working directory itself, not a file in it")
+        return resolved
+
     def shown(self, path: Path) -> str:
         """A path as the model should see it: relative to the working directory."""
         relative = path.relative_to(self.root).as_posix()
@@ -283,6 +342,191 @@ def _list_dir(folder: _Folder, path: str, max_entries: int) -> str:
     if len(names) > max_entries:
         lines.append(f"[and {len(names) - max_entries} more entries]")
     return "\n".join(lines) if lines else "(empty directory)"
+
+
+# ------------------------------------------------------------------------------------ workspace tools
+
+
+def command_environment(
+    secret_env: Iterable[str] = (), base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``base`` (default: this process's environment) without credentials: the names in ``secret_env`` and
+    every name that contains KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL, in any case."""
+    named = set(secret_env)
+    source = os.environ if base is None else base
+    return {k: v for k, v in source.items() if k not in named and not SECRET_NAME.search(k)}
+
+
+def _atomic_write(target: Path, data: bytes) -> None:
+    """Replace ``target`` by a file holding ``data`` (a temporary file renamed over it: never half written),
+    with the old file's mode, or the umask's default for a new one."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".kbus-tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _write_file(folder: _Folder, path: str, content: str, touched: TouchedFiles | None) -> str:
+    target = folder.resolve_target(path)
+    shown = folder.shown(target)
+    data = content.encode("utf-8", errors="surrogateescape")
+    if len(data) > MAX_WRITE_BYTES:
+        raise ToolRefused(f"the content is {len(data)} bytes; write_file writes at most {MAX_WRITE_BYTES}")
+    existed = os.path.lexists(target)
+    if existed and not stat.S_ISREG(os.stat(target).st_mode):
+        raise ToolRefused(f"{shown} exists and is not a regular file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(target, data)
+    except OSError as exc:
+        raise ToolRefused(f"cannot write {shown}: {exc.strerror or exc}") from None
+    if touched is not None:
+        touched.add(shown)
+    return f"wrote {len(data)} bytes to {shown} ({'replaced' if existed else 'created'})"
+
+
+def _edit_file(folder: _Folder, path: str, old_text: str, new_text: str, touched: TouchedFiles | None) -> str:
+    if not old_text:
+        raise ToolRefused("old_text is empty; give the exact text to replace")
+    target = folder.resolve(path)
+    shown = folder.shown(target)
+    if not stat.S_ISREG(target.stat().st_mode):
+        raise ToolRefused(f"{shown} is not a regular file")
+    if target.stat().st_size > MAX_WRITE_BYTES:
+        raise ToolRefused(f"{shown} is larger than {MAX_WRITE_BYTES} bytes; edit_file edits smaller files")
+    try:
+        raw = target.read_bytes()
+    except OSError as exc:
+        raise ToolRefused(f"cannot read {shown}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolRefused(f"{shown} is not UTF-8 text") from None
+    count = text.count(old_text)
+    if count != 1:
+        how = "does not occur" if count == 0 else f"occurs {count} times"
+        raise ToolRefused(
+            f"old_text {how} in {shown}; it must occur exactly once (found {count} matches)"
+            + ("; include more of the surrounding text" if count > 1 else "")
+        )
+    edited = text.replace(old_text, new_text, 1).encode("utf-8")
+    if len(edited) > MAX_WRITE_BYTES:
+        raise ToolRefused(f"the edited file would be larger than {MAX_WRITE_BYTES} bytes")
+    try:
+        _atomic_write(target, edited)
+    except OSError as exc:
+        raise ToolRefused(f"cannot write {shown}: {exc.strerror or exc}") from None
+    if touched is not None:
+        touched.add(shown)
+    return f"replaced 1 occurrence in {shown} ({len(raw)} -> {len(edited)} bytes)"
+
+
+def _stream(name: str, data: bytes, size: int) -> str:
+    if size == 0:
+        return f"{name}: (empty)"
+    text = data.decode("utf-8", errors="replace")
+    if size > len(data):
+        return f"{name} (the first {len(data)} of {size} bytes):\n{text}\n[{name} truncated]"
+    return f"{name} ({size} bytes):\n{text}"
+
+
+def workspace_tools(
+    workdir: str | os.PathLike[str],
+    *,
+    touched: TouchedFiles | None = None,
+    secret_env: Iterable[str] = (),
+    command_timeout: float = COMMAND_TIMEOUT,
+    max_command_timeout: float = MAX_COMMAND_TIMEOUT,
+    max_output: int = MAX_COMMAND_OUTPUT,
+    cancel: threading.Event | None = None,
+    on_command_start: Callable[[int], None] | None = None,
+) -> list[Callable[..., str]]:
+    """``write_file``, ``edit_file`` and ``run_command`` confined to ``workdir`` (see the module docstring).
+    ``cancel``: set it to end a running command's process group; ``on_command_start(pid)`` is told each
+    command's pid (its process group id)."""
+    if command_timeout <= 0 or max_command_timeout < command_timeout or max_output < 1:
+        raise ValueError("need 0 < command_timeout <= max_command_timeout and max_output >= 1")
+    folder = _Folder(workdir)
+    hidden = tuple(secret_env)
+
+    def write_file(path: str, content: str) -> str:
+        """Create or replace a file in the working directory with the given text.
+
+        Args:
+            path: relative to the working directory, e.g. "notes.txt" or "src/main.py".
+            content: the whole new text of the file.
+        """
+        return _write_file(folder, path, content, touched)
+
+    def edit_file(path: str, old_text: str, new_text: str) -> str:
+        """Replace the one exact occurrence of old_text in a file with new_text.
+
+        Args:
+            path: relative to the working directory, e.g. "src/main.py".
+            old_text: the exact text to replace; it must occur exactly once in the file.
+            new_text: the text to put in its place.
+        """
+        return _edit_file(folder, path, old_text, new_text, touched)
+
+    def run_command(command: str, timeout_seconds: float = command_timeout) -> str:
+        """Run a shell command in the working directory; returns its exit code and output (bounded).
+
+        Args:
+            command: a /bin/sh command line, e.g. "ls -l" or "python3 -m pytest -q".
+            timeout_seconds: seconds before the command and everything it started are killed.
+        """
+        if not command.strip():
+            raise ToolRefused("the command is empty")
+        if "\0" in command:
+            raise ToolRefused("a command cannot contain a NUL character")
+        if not 0 < timeout_seconds <= max_command_timeout:
+            raise ToolRefused(f"timeout_seconds must be more than 0 and at most {max_command_timeout:g}")
+        if touched is not None:
+            touched.add_all()  # whatever it writes, the next checkpoint covers the whole tree
+        try:
+            done = run_bounded(
+                ["/bin/sh", "-c", command],
+                timeout=timeout_seconds,
+                limit=max_output,
+                cwd=folder.root,
+                env=command_environment(hidden),
+                cancel=cancel,
+                on_start=on_command_start,
+            )
+        except OSError as exc:
+            raise ToolRefused(f"cannot start /bin/sh: {exc.strerror or exc}") from None
+        out = _stream("stdout", done.stdout, done.stdout_size)
+        output = f"{out}\n{_stream('stderr', done.stderr, done.stderr_size)}"
+        if done.timed_out:
+            raise ToolRefused(
+                f"the command ran past {timeout_seconds:g} s and was killed with its process group\n{output}"
+            )
+        if done.cancelled:
+            raise ToolRefused(f"the command was cancelled and killed with its process group\n{output}")
+        return f"exit code {done.returncode}\n{output}"
+
+    return [write_file, edit_file, run_command]
+
+
+def register_workspace_tools(registry: ToolRegistry, workdir: str | os.PathLike[str], **options: Any) -> None:
+    """Register ``workspace_tools(workdir, **options)`` on ``registry``, each as mutating; ``write_file``
+    also as safe to rerun (the same content again), the other two not (an edit or a command may not be)."""
+    for fn in workspace_tools(workdir, **options):
+        registry.register(fn, mutating=True, rerun_safe=fn.__name__ == "write_file")
 
 
 def builtin_tools(

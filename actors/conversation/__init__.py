@@ -49,6 +49,11 @@ Every method takes ``timeout=``; ``run_future``, ``enqueue_future``, ``set_llm_f
 ``set_event_sink_future`` and ``close_future`` return a ``concurrent.futures.Future`` (cancelling an
 ``enqueue_future`` before its turn starts withdraws the message).
 
+Checkpoints (RULES.md 9.9; checkpoints.py, shadow.py): ``rt.enable_checkpoints(shadow, session_id, log_path,
+touched=None, restore_tool=False)`` gives the tool host ``checkpoint_save``/``checkpoint_list``/
+``checkpoint_diff`` (and ``checkpoint_restore``) on a ``ShadowRepo``; ``checkpoints_enabled()`` is a query;
+``restore_checkpoint(id)`` is a command that also tells the model, through a system message, what it restored.
+
 Events an ``EventSink`` receives, in order: ``TextDelta`` (streamed answer text), ``ToolCallStarted`` and
 ``ToolCallFinished`` (each tool call and its result, as they happen), then after the turn
 ``MessageAppended`` for the user message and each new message, ``CompactionBoundary`` (if the turn

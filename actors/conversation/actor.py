@@ -39,6 +39,7 @@ from actors.conversation.kernel import (
     render_input,
 )
 from actors.conversation.messages import (
+    BindCheckpoints,
     BindSink,
     CancelToken,
     CloseSession,
@@ -47,13 +48,16 @@ from actors.conversation.messages import (
     CompactPartialBefore,
     ContinueTurn,
     ConversationError,
+    EnableCheckpoints,
     EnqueueResult,
     EnqueueText,
     ExecuteTool,
     GetStatus,
     GetTranscript,
+    HostRestoreCheckpoint,
     ListTools,
     MaybeCompact,
+    RestoreCheckpoint,
     RunTurn,
     SetEventSink,
     SetInterruptToken,
@@ -66,6 +70,7 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
+from actors.conversation.shadow import RestoreReport
 from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
 from actors.conversation.types import (
     ChatTokenUsage,
@@ -122,6 +127,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
     CompactPartialAfter,
     SetTranscript,
     TruncateTranscript,
+    RestoreCheckpoint,
 )
 
 
@@ -141,6 +147,7 @@ class ConversationActor(KernelHost):
         self._token: str | None = None
         self._cancelled: set[str] = set()
         self._interrupted: InterruptedTurn | None = None
+        self._checkpoints_enabled = False  # CK-01: True once a BindCheckpoints succeeded
         path = config.session_file
         if path is not None:
             restored = read_journal(path) if config.resume and path.exists() else None
@@ -176,6 +183,7 @@ class ConversationActor(KernelHost):
                     transcript_len=len(self._transcript),
                     closed=self._closed,
                     interrupted_turn=self._interrupted.turn_index if self._interrupted is not None else None,
+                    checkpoints_enabled=self._checkpoints_enabled,
                 )
             case SetInterruptToken(token_id=token_id, cancelled=cancelled):
                 self._token = token_id
@@ -225,6 +233,8 @@ class ConversationActor(KernelHost):
                 | SetLlm()
                 | SetEventSink()
                 | SetSessionId()
+                | EnableCheckpoints()
+                | RestoreCheckpoint()
             ):
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
@@ -292,6 +302,13 @@ class ConversationActor(KernelHost):
                     self._done(current.ctx, exc)
 
         return super().ask(dst, message, guarded, **kwargs)
+
+    def _append(self, message: Message) -> None:
+        """A message a command adds outside a turn (a restore's notice): journaled, then told to the sink."""
+        index = len(self._transcript)
+        self._write("a message", lambda j: j.appended(index, message, durable=True))
+        self._transcript.append(message)
+        self._emit(MessageAppended(message=message, index=index))
 
     def _cancel_requested(self) -> bool:
         return self._token is not None and self._token in self._cancelled
@@ -374,6 +391,10 @@ class ConversationActor(KernelHost):
             case SetSessionId(session_id=session_id):
                 self._session_id = session_id
                 self._done(ctx, None)
+            case EnableCheckpoints():
+                self._enable_checkpoints(command.message, ctx)
+            case RestoreCheckpoint(checkpoint_id=checkpoint_id):
+                self._restore_checkpoint(checkpoint_id, ctx)
 
     def _set_llm(self, model: str, ctx: Context) -> None:
         def resolved(reply: Reply) -> None:
@@ -408,6 +429,33 @@ class ConversationActor(KernelHost):
                 log.info("the conversation stopped while its SessionEnd hooks ran")
 
         threading.Thread(target=fire, name=f"{self.name}-session-end", daemon=True).start()
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def _enable_checkpoints(self, m: EnableCheckpoints, ctx: Context) -> None:
+        def bound(reply: Reply) -> None:
+            if reply.error is None:
+                self._checkpoints_enabled = True
+            self._done(ctx, reply.error)
+
+        bind = BindCheckpoints(
+            shadow=m.shadow,
+            session_id=m.session_id,
+            log_path=m.log_path,
+            touched_slot=m.touched_slot,
+            restore_tool=m.restore_tool,
+        )
+        self.ask(self.config.host, bind, bound, timeout=HOST_TIMEOUT)
+
+    def _restore_checkpoint(self, checkpoint_id: str, ctx: Context) -> None:
+        def restored(reply: Reply) -> None:
+            if reply.error is None and isinstance(reply.message, RestoreReport):
+                self._append(Message.system(reply.message.text))  # the model is told, from its next turn on
+                self._done(ctx, reply.message)
+            else:
+                self._done(ctx, reply.error or ConversationError("the tool host did not restore"))
+
+        restore = HostRestoreCheckpoint(checkpoint_id=checkpoint_id)
+        self.ask(self.config.host, restore, restored, timeout=HOST_TIMEOUT)
 
     # ------------------------------------------------------------------------------------ turns
     def _start_turn(self, text: str, ctx: Context, *, wrap: bool) -> None:

@@ -9,6 +9,9 @@ gets the stored ``ToolExecution``; a key whose run was cut off (this host died w
 ``ToolExecution(ok=False, unknown=True)`` and is not run again, unless its tool was registered
 ``rerun_safe``; a store that cannot be written answers ``EffectStoreError`` and runs nothing. ``effects``
 names the SQLite file that keeps this across restarts; without it the keys are remembered in memory.
+
+It also holds the conversation's checkpoint binding (``BindCheckpoints``; checkpoints.py): the checkpoint
+tools run here, next to the files they snapshot, and ``HostRestoreCheckpoint`` restores through it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import BusActor, Context
-from actors.conversation.messages import BindSink, ExecuteTool, ListTools, ToolList
+from actors.conversation.checkpoints import CheckpointBinding, TouchedFiles, bind_checkpoints
+from actors.conversation.messages import (
+    BindCheckpoints,
+    BindSink,
+    CheckpointsBound,
+    ConversationError,
+    ExecuteTool,
+    HostRestoreCheckpoint,
+    ListTools,
+    ToolList,
+)
+from actors.conversation.shadow import CheckpointError, ShadowRepo
 from actors.conversation.sinks import RemoteSink
 from actors.conversation.tools import ToolExecution, ToolRegistry
 from actors.effects import EffectRunner, EffectStore
@@ -37,6 +51,7 @@ class ToolHostActor(BusActor):
         super().__init__(node, address)
         self.registry = registry
         self._effects = EffectRunner(self, EffectStore(effects), _unknown)
+        self._checkpoints: CheckpointBinding | None = None
 
     def handle(self, message: Any, ctx: Context) -> Any:
         match message:
@@ -55,7 +70,35 @@ class ToolHostActor(BusActor):
                 sink = RemoteSink(self.node, address, src=self.address) if address is not None else None
                 self.registry.bind_sink(sink)
                 return None
+            case BindCheckpoints():
+                return self._bind_checkpoints(message)
+            case HostRestoreCheckpoint(checkpoint_id=checkpoint_id):
+                if self._checkpoints is None:
+                    raise ConversationError("checkpoints are not enabled in this conversation")
+                try:
+                    return self._checkpoints.restore(checkpoint_id)
+                except CheckpointError as exc:
+                    raise ConversationError(f"restore: {exc}") from None
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+
+    def _bind_checkpoints(self, bind: BindCheckpoints) -> CheckpointsBound:
+        touched = None
+        if bind.touched_slot:
+            touched = TouchedFiles.lookup(bind.touched_slot)
+            if touched is None:
+                raise ConversationError(
+                    "enable_checkpoints: the TouchedFiles given is not in the tool host's process"
+                )
+        try:
+            shadow = ShadowRepo.from_spec(bind.shadow)
+            binding = bind_checkpoints(
+                self.registry, shadow, bind.session_id, bind.log_path, touched, restore_tool=bind.restore_tool
+            )
+        except CheckpointError as exc:
+            raise ConversationError(f"enable_checkpoints: {exc}") from None
+        self._checkpoints = binding
+        names = tuple(fn.__name__ for fn, _ in binding.tools(restore=bind.restore_tool))
+        return CheckpointsBound(tools=names)
 
     def on_stop(self) -> None:
         self._effects.close()

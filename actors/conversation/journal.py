@@ -145,8 +145,10 @@ class Journal:
             durable=True,
         )
 
-    def appended(self, index: int, message: Message) -> None:
-        self.write({"type": "message_appended", "index": index, "message": message.to_json()})
+    def appended(self, index: int, message: Message, *, durable: bool = False) -> None:
+        self.write(
+            {"type": "message_appended", "index": index, "message": message.to_json()}, durable=durable
+        )
 
     def finished(self, turn_index: int, reason: FinishReason, usage: ChatTokenUsage) -> None:
         self.event(TurnFinished(turn_index=turn_index, finish_reason=reason, usage=usage))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from actors.conversation.shadow import CheckpointInfo, RestoreReport, ShadowSpec, Skipped
 from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import ChatTokenUsage, Message, RuntimeOutcome
 from transport.codec import JsonValue
@@ -110,6 +111,29 @@ class SetSessionId:
     session_id: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnableCheckpoints:
+    """``enable_checkpoints`` (applied between commands): bind the tool host's checkpoint tools to
+    ``session_id`` on the shadow repository ``shadow``. ``touched_slot``: the ``TouchedFiles.slot_id`` of a
+    set in the tool host's process ("" for none: every save covers the whole tree)."""
+
+    TAG: ClassVar[str] = "conv.enable_checkpoints"
+    shadow: ShadowSpec
+    session_id: str
+    log_path: str
+    touched_slot: str = ""
+    restore_tool: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestoreCheckpoint:
+    """Restore the working tree to one of the session's checkpoints; the transcript gets a system message
+    that says exactly what was restored, so the model knows from its next turn on."""
+
+    TAG: ClassVar[str] = "conv.restore_checkpoint"
+    checkpoint_id: str
+
+
 # -------------------------------------------------------------------------------------- controls
 
 
@@ -166,6 +190,7 @@ class StatusReply:
     transcript_len: int
     closed: bool
     interrupted_turn: int | None = None  # the turn index ``continue_turn`` would go on with
+    checkpoints_enabled: bool = False
 
 
 # --------------------------------------------------------------------------------- the tool host
@@ -200,6 +225,31 @@ class BindSink:
     address: str | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BindCheckpoints:
+    """The host registers the session's checkpoint tools (see ``EnableCheckpoints``), or fails having
+    registered nothing (CK-05)."""
+
+    TAG: ClassVar[str] = "conv.host.bind_checkpoints"
+    shadow: ShadowSpec
+    session_id: str
+    log_path: str
+    touched_slot: str = ""
+    restore_tool: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointsBound:
+    TAG: ClassVar[str] = "conv.host.checkpoints_bound"
+    tools: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostRestoreCheckpoint:
+    TAG: ClassVar[str] = "conv.host.restore_checkpoint"
+    checkpoint_id: str
+
+
 # ----------------------------------------------------------------------------------------- errors
 
 
@@ -229,6 +279,8 @@ CONVERSATION_COMMANDS = (
     SetLlm,
     SetEventSink,
     SetSessionId,
+    EnableCheckpoints,
+    RestoreCheckpoint,
 )
 MESSAGES = (
     *CONVERSATION_COMMANDS,
@@ -246,5 +298,12 @@ MESSAGES = (
     BindSink,
     ToolExecution,
     ToolSpec,
+    BindCheckpoints,
+    CheckpointsBound,
+    HostRestoreCheckpoint,
+    ShadowSpec,
+    Skipped,
+    CheckpointInfo,
+    RestoreReport,
 )
 ERRORS: tuple[type[BusError], ...] = (ConversationError, TurnFailed)

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -24,10 +24,12 @@ from actors.conversation.messages import (
     CompactPartialAfter,
     CompactPartialBefore,
     ContinueTurn,
+    EnableCheckpoints,
     EnqueueText,
     GetStatus,
     GetTranscript,
     MaybeCompact,
+    RestoreCheckpoint,
     RunTurn,
     SetEventSink,
     SetInterruptToken,
@@ -39,8 +41,12 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
+from actors.conversation.shadow import RestoreReport, ShadowRepo
 from actors.conversation.sinks import EventSink, NullSink, RemoteSink, SinkActor
 from actors.conversation.token import CancellationToken
+
+if TYPE_CHECKING:
+    from actors.conversation.checkpoints import TouchedFiles
 from actors.conversation.tools import ToolRegistry
 from actors.conversation.types import ChatTokenUsage, Compactor, Message, RuntimeOutcome, SessionEnd
 from transport.errors import BusError
@@ -214,6 +220,40 @@ class ConversationRuntime:
         """Install ``token`` at once (it interrupts the current or next turn); replaces the previous one."""
         token.bind(self.node, self.address)
         self._call(SetInterruptToken(token_id=token.token_id, cancelled=token.is_cancelled()), timeout, _none)
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def enable_checkpoints(
+        self,
+        shadow: ShadowRepo,
+        session_id: str,
+        log_path: str | Path,
+        touched: TouchedFiles | None = None,
+        *,
+        restore_tool: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Bind this conversation to the checkpoint chain ``session_id`` of ``shadow`` (applied between
+        commands): its tool host gets ``checkpoint_list``, ``checkpoint_diff`` and ``checkpoint_save``
+        (CK-02), plus ``checkpoint_restore`` with ``restore_tool``. Nothing saves on its own (CK-03).
+        ``touched``: a ``TouchedFiles`` the workspace tools record into, in the tool host's process; a save
+        then covers those files (CK-07). Raises ``ConversationError`` having changed nothing (CK-05)."""
+        message = EnableCheckpoints(
+            shadow=shadow.spec,
+            session_id=session_id,
+            log_path=str(Path(log_path).absolute()),
+            touched_slot=touched.slot_id if touched is not None else "",
+            restore_tool=restore_tool,
+        )
+        self._call(message, timeout, _none)
+
+    def checkpoints_enabled(self, *, timeout: float | None = None) -> bool:
+        """Whether ``enable_checkpoints`` has succeeded (CK-01; answered at once, mid-turn too)."""
+        return self.status(timeout=timeout).checkpoints_enabled
+
+    def restore_checkpoint(self, checkpoint_id: str, *, timeout: float | None = None) -> RestoreReport:
+        """Make the working tree the checkpoint's snapshot again (a command, between turns); the transcript
+        gets a system message saying exactly what was restored."""
+        return self._call(RestoreCheckpoint(checkpoint_id=checkpoint_id), timeout)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ queries (answered mid-turn)
     def transcript(self, *, timeout: float | None = None) -> tuple[Message, ...]:

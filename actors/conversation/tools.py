@@ -215,6 +215,10 @@ class ToolRegistry:
         )
         return spec
 
+    def unregister(self, name: str) -> bool:
+        """Remove the tool ``name``; False if there was none."""
+        return self._tools.pop(name, None) is not None
+
     def is_mutating(self, name: str) -> bool:
         tool = self._tools.get(name)
         return tool is not None and tool.mutating
