@@ -120,6 +120,8 @@ def spawn(
     cls: type[RouterActor] = RouterActor,
     **options: Any,
 ) -> RouterClient:
+    """A Router under test; its housekeeping ticks only when the test fires them (a ``ManualTicker``)."""
+    options.setdefault("ticker", ManualTicker())
     node.spawn(cls, name, data_dir=data_dir, providers={"scripted": provider}, **options)
     return RouterClient(node, f"{node.name}/{name}", timeout=10)
 
@@ -260,23 +262,25 @@ def test_a_router_abandoned_without_on_stop_has_each_open_turn_accounted_once_by
 ) -> None:
     provider = ScriptedProvider(
         [
+            [{"text": "streaming"}, {"hang": True}],
+            [{"text": "finished"}],
             [
                 {"text": "thinking"},
                 {"usage": {"input_tokens": 11, "output_tokens": 2, "total_tokens": 13}},
                 {"call": {"name": "slow", "arguments": {}}, "id": "c1"},
                 {"text": "never"},
             ],
-            [{"text": "streaming"}, {"hang": True}],
-            [{"text": "finished"}],
         ]
     )
     first = spawn(node, "first", provider, tmp_path, CrashedRouter)
-    waiting = start(first)
-    read_until(first, waiting, TurnToolCall)  # its usage was written before the call was reported
     hanging = start(first)
     read_until(first, hanging, TurnTextDelta)  # mid-stream
     finished = start(first)
     completed = read_until(first, finished, TurnCompleted)
+    waiting = start(first)
+    # The last write before the crash: its usage was written before the call was reported (no tick, no
+    # other turn's write took it along).
+    read_until(first, waiting, TurnToolCall)
     first_incarnation = stats(first).incarnation
     node.lookup("first").stop(block=True, timeout=10)  # type: ignore[union-attr]
     assert {r[1] for r in rows(tmp_path)} == {"open", "completed"}
