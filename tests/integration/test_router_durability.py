@@ -25,8 +25,6 @@ from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import (
-    GetRouterStats,
-    RouterStats,
     StartTurn,
     TurnCompleted,
     TurnInterrupted,
@@ -120,8 +118,7 @@ def test_a_router_killed_mid_stream_accounts_every_started_turn_once_after_its_r
     restarted = kbus_node(config)
     try:
         client = RouterClient(app, "brain/router", timeout=20)
-        stats: RouterStats = app.request("brain/router", GetRouterStats(), timeout=20)
-        assert stats.recovered == 2
+        assert client.stats().recovered == 2
         rows = ledger_rows(ledger)
         assert rows == {
             str(first): ("completed", 5, completed.receipt.receipt_id),
@@ -162,7 +159,7 @@ def test_an_owner_process_killed_during_a_tool_gets_its_turn_interrupted_within_
     )
     op = uuid.UUID(json.loads(peer.expect_line("TOOL_CALL ")[len("TOOL_CALL ") :])["operation_id"])
     reader = router.next_event_future(op, timeout=20)  # a read of the test's own: not the owner's
-    assert router.node.request(router.address, GetRouterStats(), timeout=20).turns == 1
+    assert router.stats().turns == 1
     peer.kill()  # SIGKILL by PID while the Router waits for the tool result
     with pytest.raises(TurnInterrupted) as caught:
         reader.result(timeout=20)  # bounded: far above owner_lost_after_s + 2 * interval + tick
@@ -172,7 +169,7 @@ def test_an_owner_process_killed_during_a_tool_gets_its_turn_interrupted_within_
         and receipt.status == "interrupted"
         and "stopped answering" in (receipt.error or "")
     )
-    stats: RouterStats = brain.request("brain/router", GetRouterStats(), timeout=20)
+    stats = router.stats()
     assert (stats.turns, stats.links) == (0, 0)
     assert router.receipt(op) == receipt
     conn = sqlite3.connect(tmp_path / "receipts.sqlite3")

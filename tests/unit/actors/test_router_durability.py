@@ -24,7 +24,6 @@ from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import (
-    GetRouterStats,
     NextTurnEvent,
     RouterStats,
     StartTurn,
@@ -146,8 +145,7 @@ def read_until(router: RouterClient, op: uuid.UUID, kind: type[Any]) -> Any:
 
 
 def stats(router: RouterClient) -> RouterStats:
-    reply: RouterStats = router.node.request(router.address, GetRouterStats(), timeout=10)
-    return reply
+    return router.stats()
 
 
 def settled(router: RouterClient) -> RouterStats:
@@ -252,6 +250,20 @@ def test_a_turn_whose_intent_cannot_be_written_is_not_started_and_nothing_runs(
     assert provider.turns == []
     assert rows(tmp_path) == []
     assert stats(router).turns == 0
+
+
+def test_streamed_usage_reaches_the_open_row_on_the_next_tick_not_on_each_update(
+    node: Node, tmp_path: Path, ticker: ManualTicker
+) -> None:
+    usage = {"input_tokens": 9, "output_tokens": 1, "total_tokens": 10}
+    provider = ScriptedProvider([[{"usage": usage}, {"text": "a"}, {"hang": True}]])
+    router = spawn(node, "router", provider, tmp_path, ticker=ticker)
+    op = start(router)
+    read_until(router, op, TurnTextDelta)  # the usage update came before it
+    assert [r[3:5] for r in rows(tmp_path)] == [(None, None)]  # no write (no fsync) of its own
+    tick(router, ticker)
+    assert [r[1:2] + r[3:5] for r in rows(tmp_path)] == [("open", 9, 10)]
+    router.cancel(PARENT)
 
 
 # --------------------------------------------------------------------------------------- recovery
