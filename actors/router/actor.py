@@ -21,18 +21,20 @@ Durability (DESIGN.md 4a; the ledger's docstring has the details):
   answers; a ``Resolve`` to the node of a plain client thread on another node; none for a client thread of
   this node, whose death the bus cannot see). When a heartbeat failed with ``NotDelivered``,
   ``Unavailable`` or ``Expired`` and the owner has been silent for ``owner_lost_after_s``, the turn is
-  cancelled and accounted ``interrupted`` (``TurnInterrupted``): by default within
-  ``owner_lost_after_s + 2 * owner_ping_interval_s + tick_s`` = 51 s of the owner's death. A turn idle on
-  a live owner for ``owner_idle_bound_s`` is interrupted too, and the worker's own wait for a tool result
-  is bounded as well (in real time, so it ends even if this actor is gone).
+  cancelled and accounted ``interrupted`` (``TurnInterrupted``), and leaves memory. That happens within
+  ``max(owner_lost_after_s, 2 * owner_ping_interval_s + tick_s) + tick_s`` (31 s by default) of the later
+  of the owner's death and the moment the turn starts waiting on it. A turn idle on a live owner for
+  ``owner_idle_bound_s`` (an hour by default: a tool may run that long) is interrupted too, and the
+  worker's own wait for a tool result is bounded as well (in real time, so it ends even if this actor is
+  gone). A turn whose owner died while its read was outstanding waits for that read's deadline first.
 - **Flat memory.** A turn leaves memory (``_turns`` and the lineage links) once its receipt is durable
   and its terminal event or error was handed to a reader, or ``finished_grace_s`` after it ended if
   nobody reads it. Later requests on it are answered from the ledger (``TurnTerminated``, or
   ``TurnInterrupted`` for an interrupted receipt, with the receipt); without a data dir from an LRU of the
   last ``recent_receipts`` receipts (4096 by default), beyond which an old operation is ``TurnNotFound``.
 - **Retry classes.** ``TurnNotStarted`` (a ``NotDelivered``) means no provider was called and no
-  operation exists: safe to retry. Every error raised after the start carries the turn's receipt: the turn
-  is over and accounted.
+  operation exists: safe to retry. An error that ends a turn carries the turn's receipt: the turn is over
+  and accounted.
 """
 
 from __future__ import annotations

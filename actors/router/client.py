@@ -16,9 +16,11 @@ from actors.router.messages import (
     FinishUnavailable,
     GetReceipt,
     GetReceiptsFor,
+    GetRouterStats,
     NextTurnEvent,
     ResolveModel,
     RespondCall,
+    RouterStats,
     StartTurn,
     StreamTurnEvents,
     TurnEvent,
@@ -129,3 +131,7 @@ class RouterClient:
             self.address, GetReceiptsFor(parent_operation_id=parent_operation_id), timeout=self._t(timeout)
         )
         return tuple(reply.receipts)
+
+    def stats(self, *, timeout: float | None = None) -> RouterStats:
+        """How much per-turn state the Router holds now (turns in memory, lineage links, recent receipts)."""
+        return self.node.request(self.address, GetRouterStats(), timeout=self._t(timeout))  # type: ignore[no-any-return]

@@ -549,9 +549,9 @@ class ReceiptLedger:
     def close(self) -> None:
         """Close the connection (from the thread that used it) and release this incarnation; idempotent.
 
-        Staged usage is written first. An incarnation with no open rows left is marked stopped; one with
-        open rows is only released, exactly as its process dying would release it, so the next Router on
-        this ledger recovers those rows."""
+        Staged usage not yet written is dropped (``flush()`` first to keep it). An incarnation with no open
+        rows left is marked stopped; one with open rows is only released, exactly as its process dying
+        would release it, so the next Router on this ledger recovers those rows."""
         if self._closed:
             return
         self._closed = True
@@ -567,10 +567,9 @@ class ReceiptLedger:
                 conn.close()
 
     def _end(self, conn: sqlite3.Connection, ident: str) -> None:
+        self._staged.clear()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if self._staged:
-                conn.executemany(_STAGE, [(*_usage_values(u), str(op)) for op, u in self._staged.items()])
             (still_open,) = conn.execute(
                 "SELECT COUNT(*) FROM receipts WHERE incarnation = ? AND status = 'open'", (ident,)
             ).fetchone()
@@ -585,7 +584,6 @@ class ReceiptLedger:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._staged.clear()
         if not still_open:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.lock_dir / f"{ident}.lock")

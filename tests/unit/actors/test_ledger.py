@@ -357,10 +357,12 @@ def test_recovery_closes_only_the_rows_of_dead_incarnations(path: Path) -> None:
 
 
 def test_recovery_prices_what_it_recovers(path: Path) -> None:
+    """Also: closing a ledger with an open row only releases it, like a crash (the row stays open)."""
     with ReceiptLedger(path) as dead:
         dead.begin_incarnation()
         dead.open(intent())
         dead.stage_usage(intent().operation_id, receipt().usage)  # type: ignore[arg-type]
+        dead.flush()
     with ReceiptLedger(path) as later:
         later.begin_incarnation()
         (recovered,) = later.recover(price=lambda model, usage: 0.5 if model == "gpt-4.1" else None)

@@ -24,7 +24,6 @@ from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import (
-    GetRouterStats,
     NextTurnEvent,
     RouterStats,
     StartTurn,
@@ -120,6 +119,8 @@ def spawn(
     cls: type[RouterActor] = RouterActor,
     **options: Any,
 ) -> RouterClient:
+    """A Router under test; its housekeeping ticks only when the test fires them (a ``ManualTicker``)."""
+    options.setdefault("ticker", ManualTicker())
     node.spawn(cls, name, data_dir=data_dir, providers={"scripted": provider}, **options)
     return RouterClient(node, f"{node.name}/{name}", timeout=10)
 
@@ -144,8 +145,7 @@ def read_until(router: RouterClient, op: uuid.UUID, kind: type[Any]) -> Any:
 
 
 def stats(router: RouterClient) -> RouterStats:
-    reply: RouterStats = router.node.request(router.address, GetRouterStats(), timeout=10)
-    return reply
+    return router.stats()
 
 
 def settled(router: RouterClient) -> RouterStats:
@@ -252,6 +252,20 @@ def test_a_turn_whose_intent_cannot_be_written_is_not_started_and_nothing_runs(
     assert stats(router).turns == 0
 
 
+def test_streamed_usage_reaches_the_open_row_on_the_next_tick_not_on_each_update(
+    node: Node, tmp_path: Path, ticker: ManualTicker
+) -> None:
+    usage = {"input_tokens": 9, "output_tokens": 1, "total_tokens": 10}
+    provider = ScriptedProvider([[{"usage": usage}, {"text": "a"}, {"hang": True}]])
+    router = spawn(node, "router", provider, tmp_path, ticker=ticker)
+    op = start(router)
+    read_until(router, op, TurnTextDelta)  # the usage update came before it
+    assert [r[3:5] for r in rows(tmp_path)] == [(None, None)]  # no write (no fsync) of its own
+    tick(router, ticker)
+    assert [r[1:2] + r[3:5] for r in rows(tmp_path)] == [("open", 9, 10)]
+    router.cancel(PARENT)
+
+
 # --------------------------------------------------------------------------------------- recovery
 
 
@@ -260,23 +274,25 @@ def test_a_router_abandoned_without_on_stop_has_each_open_turn_accounted_once_by
 ) -> None:
     provider = ScriptedProvider(
         [
+            [{"text": "streaming"}, {"hang": True}],
+            [{"text": "finished"}],
             [
                 {"text": "thinking"},
                 {"usage": {"input_tokens": 11, "output_tokens": 2, "total_tokens": 13}},
                 {"call": {"name": "slow", "arguments": {}}, "id": "c1"},
                 {"text": "never"},
             ],
-            [{"text": "streaming"}, {"hang": True}],
-            [{"text": "finished"}],
         ]
     )
     first = spawn(node, "first", provider, tmp_path, CrashedRouter)
-    waiting = start(first)
-    read_until(first, waiting, TurnToolCall)  # its usage was written before the call was reported
     hanging = start(first)
     read_until(first, hanging, TurnTextDelta)  # mid-stream
     finished = start(first)
     completed = read_until(first, finished, TurnCompleted)
+    waiting = start(first)
+    # The last write before the crash: its usage was written before the call was reported (no tick, no
+    # other turn's write took it along).
+    read_until(first, waiting, TurnToolCall)
     first_incarnation = stats(first).incarnation
     node.lookup("first").stop(block=True, timeout=10)  # type: ignore[union-attr]
     assert {r[1] for r in rows(tmp_path)} == {"open", "completed"}
