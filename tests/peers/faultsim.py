@@ -71,8 +71,9 @@ class PlanModel:
 
     name = "plan"
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, calls: int = CALLS) -> None:
         self.log = log
+        self.calls = calls
 
     def run_turn(self, request: Any, io: Any) -> Any:
         from actors.router.providers.base import NativeToolCall, ProviderOutcome, TextDelta, ToolCallRequested
@@ -82,7 +83,7 @@ class PlanModel:
         turns = re.findall(r"please run turn (\d+)", text)
         n = int(turns[-1]) if turns else -1
         _append(self.log, f"turn {n}")
-        for i in range(CALLS):
+        for i in range(self.calls):
             tag = f"t{n}.c{i}"
             seen = re.findall(rf"Tool result \({re.escape(tag)}(?:~\d+)?, \w+\): (.*)", text)
             settled = any(not result.startswith("not run") for result in seen)
@@ -216,7 +217,15 @@ def _catalog() -> Any:
     )
 
 
-def node_main(role: str, base: str, plan: Plan | None, pids: dict[str, int], conn: Connection) -> None:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    calls: int = CALLS  # tool calls per turn
+    journal: bool = True  # the conversation keeps its session file (the write-ahead journal)
+
+
+def node_main(
+    role: str, base: str, plan: Plan | None, pids: dict[str, int], conn: Connection, options: Options
+) -> None:
     """One simulated process: its node and actors, until the driver says stop (or it is killed)."""
     from actors.conversation import ConversationRuntime, ToolHostActor, ToolRegistry
     from actors.nodes import registry
@@ -237,7 +246,7 @@ def node_main(role: str, base: str, plan: Plan | None, pids: dict[str, int], con
                 "router",
                 catalog=_catalog(),
                 data_dir=root / "router",
-                providers={"plan": PlanModel(root / "provider.log")},
+                providers={"plan": PlanModel(root / "provider.log", options.calls)},
             )
         elif role == "h":
             effects = root / "effects.log"
@@ -255,18 +264,19 @@ def node_main(role: str, base: str, plan: Plan | None, pids: dict[str, int], con
             steps = itertools.count(1)
             node.spawn(proxy, "router-proxy", target="r/router", plan=plan, steps=steps, pids=pids)
             node.spawn(proxy, "host-proxy", target="h/tools", plan=plan, steps=steps, pids=pids)
-            (
+            builder = (
                 ConversationRuntime.builder()
                 .node(node)
                 .name("conv")
                 .llm("plan")
                 .router("c/router-proxy")
                 .host("c/host-proxy")
-                .session_file(root / "session.jsonl")
                 .tool_timeout(TOOL_TIMEOUT)
                 .call_timeout(CALL_TIMEOUT)
-                .build()
             )
+            if options.journal:
+                builder.session_file(root / "session.jsonl")
+            builder.build()
         conn.send(("ready", os.getpid()))
         while True:  # the driver's commands: reconnect to a restarted peer (handshake awaited), or stop
             try:
@@ -309,9 +319,10 @@ class Child:
 class Cluster:
     """The three processes of one seed; every one is ended by its PID in ``close``."""
 
-    def __init__(self, base: Path, plan: Plan | None) -> None:
+    def __init__(self, base: Path, plan: Plan | None, options: Options | None = None) -> None:
         self.base = base
         self.plan = plan
+        self.options = options or Options()
         self.children: dict[str, Child] = {}
         self.restarts = 0
         (base / "sock").mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -322,7 +333,9 @@ class Cluster:
         ctx = _context()
         parent, child = ctx.Pipe()
         pids = {"router": self.children["r"].pid, "host": self.children["h"].pid} if role == "c" else {}
-        proc = ctx.Process(target=node_main, args=(role, str(self.base), plan, pids, child), daemon=True)
+        proc = ctx.Process(
+            target=node_main, args=(role, str(self.base), plan, pids, child, self.options), daemon=True
+        )
         proc.start()
         child.close()
         if not parent.poll(30.0):
@@ -389,7 +402,8 @@ def run_seed(seed: int | None, base: Path) -> Report:
     plan = Plan.of(seed) if seed is not None else None
     problems: list[str] = []
     cluster = Cluster(base, plan)
-    driver = Node(f"d{os.getpid()}", peers=[Peer("c", _endpoint(base, "c"))], registry=registry()).start()
+    driver = Node(f"d{os.getpid()}", registry=registry()).start()
+    driver.connect(Peer("c", _endpoint(base, "c")), wait=DRIVER_TIMEOUT)
     try:
         rt = ConversationRuntime.connect(driver, "c/conv", timeout=DRIVER_TIMEOUT)
         for n in range(TURNS):
@@ -521,6 +535,62 @@ def first_failing(
         if report.problems:
             return report
     return None
+
+
+# ----------------------------------------------------------------------------------------------- soak
+
+
+def _sample(cluster: Cluster) -> dict[str, dict[str, int]]:
+    """RSS (KiB) and open file descriptors of each process, read from /proc."""
+    out = {}
+    for role, child in cluster.children.items():
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        rss = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+        out[role] = {"rss_kib": rss, "fds": len(os.listdir(f"/proc/{child.pid}/fd"))}
+    return out
+
+
+def soak(turns: int, base: Path, *, journal: bool = True, reset_every: int = 100) -> dict[str, Any]:
+    """``turns`` turns with one tool call each across the three processes (no faults): turns/s, and each
+    process's RSS and fds after the first turn, in the middle and at the end. Every ``reset_every`` turns the
+    transcript is truncated (a journaled command), so what grows is the runtime, not the conversation."""
+    from actors.conversation import ConversationRuntime
+    from actors.nodes import registry
+    from transport.node import Node, Peer
+
+    cluster = Cluster(base, None, Options(calls=1, journal=journal))
+    driver = Node(f"d{os.getpid()}", registry=registry()).start()
+    driver.connect(Peer("c", _endpoint(base, "c")), wait=DRIVER_TIMEOUT)
+    samples: dict[str, Any] = {}
+    try:
+        rt = ConversationRuntime.connect(driver, "c/conv", timeout=DRIVER_TIMEOUT)
+        rt.run("please run turn 0")
+        samples["start"] = _sample(cluster)
+        started = time.perf_counter()
+        for n in range(1, turns):
+            if n % reset_every == 0:
+                rt.truncate_transcript(0)
+            rt.run(f"please run turn {n}")
+            if n == turns // 2:
+                samples["middle"] = _sample(cluster)
+        elapsed = time.perf_counter() - started
+        samples["end"] = _sample(cluster)
+    finally:
+        driver.stop()
+        for role in ("c", "h", "r"):
+            cluster.stop(role)
+        cluster.close()
+    growth = {
+        role: round(100.0 * (samples["end"][role]["rss_kib"] / samples["middle"][role]["rss_kib"] - 1), 1)
+        for role in samples["end"]
+    }
+    return {
+        "turns": turns,
+        "journal": journal,
+        "turns_per_s": round((turns - 1) / elapsed, 1),
+        "samples": samples,
+        "rss_growth_middle_to_end_pct": growth,
+    }
 
 
 def main() -> int:
