@@ -87,10 +87,11 @@ class TwoToolsApp(CalculatorApp):
     process is then killed mid-tool). Each time a tool really runs it appends its name to ``effect_log``
     (when given), then prints ``EXECUTE <tool>``."""
 
-    def __init__(self, hang: bool, effect_log: Path | None = None) -> None:
+    def __init__(self, hang: bool, effect_log: Path | None = None, gate: Path | None = None) -> None:
         super().__init__()
         self.hang = hang
         self.effect_log = effect_log
+        self.gate = gate
         self.pending: list[concurrent.futures.Future[Any]] = []
 
     def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
@@ -105,6 +106,17 @@ class TwoToolsApp(CalculatorApp):
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             self.pending.append(future)  # never resolved: the effect is still running when we die
             return future
+        if name == "slow" and self.gate is not None:
+            gated: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            gate = self.gate
+
+            def wait() -> None:  # the test opens the FIFO for writing when the tool may finish
+                with gate.open() as f:
+                    f.read()
+                gated.set_result(SessionToolOutcome.success(f"{name} done"))
+
+            threading.Thread(target=wait, daemon=True).start()
+            return gated
         return SessionToolOutcome.success(f"{name} done")
 
 
@@ -117,6 +129,7 @@ def main() -> int:
     ap.add_argument("--hang", action="store_true", help="two-tools: the slow tool never finishes")
     ap.add_argument("--effects", help="the effect store (SQLite file): tool outcomes by idempotency key")
     ap.add_argument("--effect-log", help="two-tools: append-only file, one line per real tool run")
+    ap.add_argument("--gate", help="two-tools: the slow tool finishes once this FIFO is written to")
     ap.add_argument("--secret-key-file", help="this node's CURVE secret key (tcp)")
     ap.add_argument("--allow", action="append", default=[], help="NODE=Z85KEY allowed to connect")
     ap.add_argument("--router-script", help="also run a Router here, its scripted provider's script (JSON)")
@@ -126,7 +139,11 @@ def main() -> int:
     node = Node(args.name, bind=[args.bind], registry=registry(), security=Security(keys=keys, allow=allow))
     node.start()
     log = Path(args.effect_log) if args.effect_log else None
-    app = CalculatorApp() if args.app == "calculator" else TwoToolsApp(args.hang, log)
+    app = (
+        CalculatorApp()
+        if args.app == "calculator"
+        else TwoToolsApp(args.hang, log, Path(args.gate) if args.gate else None)
+    )
     node.spawn(HostActor, "host", host=app, effects=args.effects)
     if args.router_script:
         provider = ScriptedProvider([json.loads(args.router_script)])

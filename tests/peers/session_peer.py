@@ -5,7 +5,8 @@ a test can script each scenario as it goes. Commands, one per line: ``ADD <json 
 ``ADDED``) and ``TURNS`` (answers ``TURNS <json>``: per provider turn so far, its messages as
 ``[role, content]`` pairs, its reasoning effort and its tool's name and description).
 ``loop``: a node with a ``SessionLoopService`` at ``<name>/sessions``; each run it is asked for runs in a
-session loop here, reaching the Router and the host through ``--peer NAME=ENDPOINT``.
+session loop here, reaching the Router and the host through ``--peer NAME=ENDPOINT``; the stdin command
+``CONNECT NAME=ENDPOINT`` reconnects to a peer that restarted (answers ``CONNECTED``).
 
 Prints ``READY {"endpoints": [...]}`` once bound; stops when stdin closes or on SIGTERM.
 """
@@ -47,6 +48,23 @@ def serve_commands(provider: ScriptedProvider, done: threading.Event) -> None:
     done.set()
 
 
+def serve_loop_commands(node: Node, done: threading.Event) -> None:
+    """``CONNECT NAME=ENDPOINT``: reconnect to a peer that restarted, answering ``CONNECTED`` once the
+    handshake is done (or ``NOT CONNECTED <why>``)."""
+    for line in sys.stdin:
+        command, _, argument = line.strip().partition(" ")
+        if command == "CONNECT":
+            try:
+                node.connect(Peer(*argument.split("=", 1)), wait=20)
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+                print(f"NOT CONNECTED {exc}", flush=True)
+            else:
+                print("CONNECTED", flush=True)
+        elif command:
+            print(f"UNKNOWN {command}", flush=True)
+    done.set()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=("router", "loop"), required=True)
@@ -71,7 +89,7 @@ def main() -> int:
     else:
         node.spawn(SessionLoopService, "sessions")
         print("READY " + json.dumps({"endpoints": list(node.endpoints)}), flush=True)
-        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+        threading.Thread(target=serve_loop_commands, args=(node, done), daemon=True).start()
     done.wait()
     node.stop()
     return 0
