@@ -615,7 +615,10 @@ class ConversationActor(KernelHost):
             # continue_turn go on.
             self._suspend_turn(run, user_at, (), error, answer)
         elif error is not None:
-            self._fail_turn(user_at, error, answer, kept=run.base)
+            # The tool calls that completed stay with their results: they ran, and a caller retrying the
+            # turn must not have the model run them again (CV-10 keeps "nothing of the kernel's" otherwise).
+            self._transcript.extend(m for m in run.new if m.role == "tool" or m.tool_calls)
+            self._fail_turn(user_at, error, answer, kept=len(self._transcript))
         else:
             self._finish_turn(run, user_at, answer)
 
@@ -642,12 +645,14 @@ class ConversationActor(KernelHost):
     def _fail_turn(
         self, user_at: int, error: BaseException, answer: Callable[[Any], None], *, kept: int | None = None
     ) -> None:
-        """CV-10: the user message stays (and is persisted); nothing of the kernel's is appended. The turn
-        still counts (CV-05): the session file says so for a resume. A continued turn keeps the calls it
-        settled before its kernel ran (``kept``: they ran, and a rerun of the turn must see them)."""
+        """CV-10: the user message stays (and is persisted), and of the kernel's messages only the tool calls
+        that completed, each with its result (``kept``: the transcript's length with them): they ran, and a
+        rerun of the turn must see them, or its model would run them again. Partial text is dropped. The
+        turn still counts (CV-05): the session file says so for a resume."""
         keep = max(user_at + 1, kept or 0)
         del self._transcript[keep:]
-        self._emit(MessageAppended(message=self._transcript[user_at], index=user_at))
+        for i in range(user_at, keep):
+            self._emit(MessageAppended(message=self._transcript[i], index=i))
         if self._journal is not None:
             try:
                 self._journal.failed(self._turn_index - 1, f"{type(error).__name__}: {error}"[:500], keep)

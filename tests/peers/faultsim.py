@@ -5,7 +5,8 @@ Processes (started from a ``forkserver``, so a restart costs a fork, not a Pytho
 with the ``record`` tool; the conversation (``ConversationActor`` with its write-ahead session file). The
 conversation reaches the Router and the host through two ``FaultProxy`` actors in its own process, which
 count every message they pass and, at the step the seed chose, inject one fault: SIGKILL of the Router, the
-host or the conversation process (by PID), a dropped message, a delayed one, or one delivered twice. The
+host or the conversation process (by PID), a dropped message, a delayed one, or one delivered twice; or the
+host kills itself inside the seed's n-th tool run, after the tool's effect and before its outcome is stored. The
 driver (the calling process) runs ``TURNS`` turns of ``CALLS`` tool calls each; whenever a call fails it
 restarts the dead processes on the same data dirs and goes on (``continue_turn`` for an interrupted turn).
 
@@ -38,7 +39,7 @@ from typing import Any
 
 TURNS = 2
 CALLS = 2
-KINDS = ("kill_router", "kill_host", "kill_conversation", "drop", "delay", "duplicate")
+KINDS = ("kill_router", "kill_host", "kill_host_in_tool", "kill_conversation", "drop", "delay", "duplicate")
 STEPS = 28  # about the number of messages the proxies pass in a clean run (see clean_steps)
 TOOL_TIMEOUT = 1.0
 CALL_TIMEOUT = 2.0
@@ -57,7 +58,10 @@ class Plan:
     def of(cls, seed: int) -> Plan:
         rng = random.Random(seed)
         kind = rng.choice(KINDS)
-        return cls(seed, kind, rng.randrange(1, STEPS + 1), round(rng.uniform(0.01, 0.3), 3))
+        # kill_host_in_tool counts tool runs (the host dies inside the tool, after its effect), the others
+        # count the messages the proxies pass.
+        steps = TURNS * CALLS if kind == "kill_host_in_tool" else STEPS
+        return cls(seed, kind, rng.randrange(1, steps + 1), round(rng.uniform(0.01, 0.3), 3))
 
 
 # ------------------------------------------------------------------------------------- test doubles
@@ -250,10 +254,13 @@ def node_main(
             )
         elif role == "h":
             effects = root / "effects.log"
+            runs = itertools.count(1)
 
             def record(tag: str) -> str:
                 """Record one effect."""
                 _append(effects, tag)
+                if plan is not None and plan.kind == "kill_host_in_tool" and next(runs) == plan.step:
+                    os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its outcome is never stored
                 return f"recorded {tag}"
 
             tools = ToolRegistry()
@@ -330,6 +337,7 @@ class Cluster:
             self.start(role, plan)
 
     def start(self, role: str, plan: Plan | None = None) -> None:
+        """Start ``role``; a restarted process gets no plan (each seed injects its fault once)."""
         ctx = _context()
         parent, child = ctx.Pipe()
         pids = {"router": self.children["r"].pid, "host": self.children["h"].pid} if role == "c" else {}

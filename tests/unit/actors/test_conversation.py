@@ -171,14 +171,32 @@ def test_cv09_events_after_the_turn_in_transcript_order(env: Env) -> None:
 
 
 def test_cv10_a_failed_turn_keeps_the_user_message_only(env: Env) -> None:
-    """CV-10: the kernel raises → run raises, the transcript ends with user(text), and nothing else."""
+    """CV-10: the kernel raises before any tool ran → run raises, the transcript ends with user(text), and
+    nothing else."""
     rt = env.build()
-    env.script(call("add", "c1", a=1, b=2), {"fail": "failed", "message": "model broke"})
+    env.script({"text": "half an answer"}, {"fail": "failed", "message": "model broke"})
     with pytest.raises(InferenceError):
         rt.run("please fail")
     assert rt.transcript() == (Message.user("please fail"),)
     appended = env.sink.wait_for(lambda e: isinstance(e, MessageAppended))
     assert appended.message == Message.user("please fail")  # persisted like any kept message
+
+
+def test_cv10_a_failed_turn_keeps_the_tool_calls_that_ran(env: Env) -> None:
+    """CV-10 as kbus resolves it with durable work (issue 11): a completed tool call stays with its result
+    when the turn then fails (it ran: a retry of the turn must not run it again), no partial text does."""
+    rt = env.build()
+    env.script(call("add", "c1", a=1, b=2), {"text": "so the sum"}, {"fail": "failed", "message": "broke"})
+    with pytest.raises(InferenceError):
+        rt.run("add, then fail")
+    assert [(m.role, m.content) for m in rt.transcript()] == [
+        ("user", "add, then fail"),
+        ("assistant", ""),
+        ("tool", "3"),
+    ]
+    env.script(text("it is 3"))  # the retry's model sees the result: nothing runs twice
+    rt.run("try again")
+    assert env.p1.inputs[-1].count("Tool result (c1, ok): 3") == 1
 
 
 def test_cv10_a_cancelled_turn_keeps_its_completed_steps(env: Env) -> None:

@@ -170,15 +170,17 @@ def _usage() -> Any:
     return ChatTokenUsage()
 
 
-def test_a_failed_turn_keeps_only_its_user_message_on_resume(env: Env, tmp_path: Path) -> None:
-    """CV-10 through the journal: a call that finished before the turn failed was journaled as it
-    happened; after turn_failed, a resume keeps only the user message (as the live transcript does)."""
+def test_a_failed_turn_keeps_its_completed_calls_on_resume(env: Env, tmp_path: Path) -> None:
+    """CV-10 through the journal: the call that finished before the turn failed was journaled as it
+    happened; after turn_failed, a resume has the user message and that call with its result, as the live
+    transcript does, and nothing else of the turn."""
     path = tmp_path / "s.jsonl"
     rt = env.build(session_file=path)
     env.script(call("add", "c1", a=1, b=1), {"fail": "failed", "message": "broken"})
     with pytest.raises(Exception, match="broken"):
         rt.run("add and break")
-    assert read_journal(path).transcript == rt.transcript() == (Message.user("add and break"),)
+    assert read_journal(path).transcript == rt.transcript()
+    assert [m.role for m in rt.transcript()] == ["user", "assistant", "tool"]
 
 
 def test_not_delivered_before_anything_ran_reaches_the_caller_as_itself(env: Env, tmp_path: Path) -> None:
