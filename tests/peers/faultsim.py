@@ -7,8 +7,9 @@ conversation reaches the Router and the host through two ``FaultProxy`` actors i
 count every message they pass and, at the step the seed chose, inject one fault: SIGKILL of the Router, the
 host or the conversation process (by PID), a dropped message, a delayed one, or one delivered twice; or the
 host kills itself inside the seed's n-th tool run, after the tool's effect and before its outcome is
-stored. The driver (the calling process) runs ``TURNS`` turns of ``CALLS`` tool calls each; whenever a call fails it
-restarts the dead processes on the same data dirs and goes on (``continue_turn`` for an interrupted turn).
+stored. The driver (the calling process) runs ``TURNS`` turns of ``CALLS`` tool calls each; whenever a call
+fails it restarts the dead processes on the same data dirs and goes on (``continue_turn`` for an
+interrupted turn).
 
 Then it checks, from the stores themselves: every tool effect ran at most once (the tool's own append-only
 log), every provider turn the model saw has exactly one receipt and no intent row is left open (SQL on the
