@@ -108,3 +108,31 @@ def test_resume_false_starts_a_fresh_file(tmp_path: Path) -> None:
     first.close()
     Journal(path, truncate=True).close()
     assert read_journal(path).transcript == ()
+
+
+@pytest.mark.parametrize(
+    ("sync", "expected"),
+    [("effects", ["turn_started", "tool_call", "turn_finished"]), ("always", None), ("never", [])],
+)
+def test_the_sync_policy_fsyncs_the_records_that_precede_an_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str, expected: list[str] | None
+) -> None:
+    """Sync.EFFECTS (the default) fsyncs the user message, each tool call and the turn's end, not a tool
+    result (the tool host's effect store holds it durably too); ALWAYS fsyncs every record, NEVER none."""
+    from actors.conversation.journal import PendingCall, Sync
+
+    path = tmp_path / "s.jsonl"
+    journal = Journal(path, sync=Sync(sync))
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(path.read_text().splitlines()[-1].split('"type":"')[1].split('"')[0])
+
+    monkeypatch.setattr("actors.conversation.journal.os.fsync", fsync)
+    journal.turn_started(0, 0, Message.user("hi"))
+    journal.tool_call(0, 1, PendingCall("k", "c1", "add", "{}"))
+    journal.appended(1, Message.tool("c1", "2"))
+    journal.finished(0, FinishReason.STOP, ChatTokenUsage())
+    journal.close()
+    kinds = ["turn_started", "tool_call", "message_appended", "turn_finished"]
+    assert synced == (kinds if expected is None else expected)
