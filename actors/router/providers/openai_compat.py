@@ -36,9 +36,9 @@ never appears in a message, a repr or a log line: messages are built from the SD
 Options (constructor defaults, overridden per request by ``TurnRequest.options``): ``tool_choice`` (the first
 request's, default ``"auto"``), ``tool_choice_after_call`` (after a call was made in the turn, default
 ``"auto"``; OpenAI's agents SDK resets it the same way so that a forced call cannot loop), ``stream_tools``
-(above), ``temperature``, ``top_p``, ``seed``, ``max_tokens_param`` (``"max_tokens"`` or
-``"max_completion_tokens"``, the name ``max_output_tokens`` is sent under) and ``extra_body`` (a JSON object
-merged into the request).
+(above), ``max_output_tokens`` (the limit of a request whose turn sets none), ``temperature``, ``top_p``,
+``seed``, ``max_tokens_param`` (``"max_tokens"`` or ``"max_completion_tokens"``, the name
+``max_output_tokens`` is sent under) and ``extra_body`` (a JSON object merged into the request).
 """
 
 from __future__ import annotations
@@ -213,11 +213,15 @@ class OpenAIProvider:
         seed: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         stream_tools: str = "auto",
+        max_output_tokens: int | None = None,
     ) -> None:
         if max_attempts < 1 or max_retry_delay <= 0:
             raise ValueError("retries must be bounded: max_attempts >= 1 and max_retry_delay > 0")
         if stream_tools not in STREAM_TOOLS:
             raise ValueError(f"stream_tools must be one of {', '.join(STREAM_TOOLS)}, not {stream_tools!r}")
+        if max_output_tokens is not None and max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be at least 1, not {max_output_tokens}")
+        self._max_output_tokens = max_output_tokens
         self._stream_tools = stream_tools
         # Set once a server answered a streamed tool request with an empty stream ("auto"); only ever goes
         # from True to False (a plain attribute: the turns' worker threads may all read it).
@@ -305,8 +309,9 @@ class OpenAIProvider:
             "tool_choice": choice,
         }
         params.update({k: settings[k] for k in _REQUEST_KEYS if settings.get(k) is not None})
-        if request.max_output_tokens is not None:
-            params[str(settings["max_tokens_param"])] = request.max_output_tokens
+        limit = request.max_output_tokens or self._max_output_tokens
+        if limit is not None:
+            params[str(settings["max_tokens_param"])] = limit
         if request.reasoning_effort is not None:
             params["reasoning_effort"] = request.reasoning_effort
         if settings.get("extra_body"):
