@@ -257,15 +257,16 @@ def model_options() -> tuple[ProviderOption, ...]:
     """Every key a ``[models.*]`` table may set, with its default ('' if required)."""
     import dataclasses
 
-    return tuple(
-        ProviderOption(
-            f.name,
-            ""
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            else repr(f.default if f.default is not dataclasses.MISSING else f.default_factory()),
-        )
-        for f in dataclasses.fields(_ModelTable)
-    )
+    out = []
+    for f in dataclasses.fields(_ModelTable):
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = ""
+        out.append(ProviderOption(f.name, default))
+    return tuple(out)
 
 
 def _check_options(kind: str, options: Mapping[str, object], source: str, key: str) -> None:
@@ -277,7 +278,7 @@ def _check_options(kind: str, options: Mapping[str, object], source: str, key: s
             raise ConfigError(
                 source,
                 _child(key, str(name)),
-                f"an option of a {kind} provider ({', '.join(sorted(known))}{hint})",
+                f"an option of a provider of kind {kind} ({', '.join(sorted(known))}{hint})",
                 "an unknown option",
             )
 

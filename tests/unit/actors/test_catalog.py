@@ -437,6 +437,7 @@ def test_an_unknown_option_is_refused_with_a_did_you_mean(option: str, hint: str
     raw["providers"]["lab"][option] = "x"
     err = config_error(raw)
     assert err.key == f"providers.lab.{option}" and err.got == "an unknown option"
+    assert err.expected.startswith("an option of a provider of kind openai (")
     assert "max_output_tokens" in err.expected and "stream_tools" in err.expected
     assert (f"did you mean {hint!r}?" in err.expected) if hint else ("did you mean" not in err.expected)
 
