@@ -17,14 +17,16 @@ from actors.agent_cli import (
     Agent,
     CliError,
     _in_process_settings,
+    check_session_file,
+    find_config,
     load_tool,
     system_prompt,
+    use_colour,
 )
 from actors.builtin_tools import builtin_tools
 from actors.cli import parser
 from actors.conversation import FinishReason, ToolRegistry
 from actors.router.catalog import ModelCatalog
-from config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -94,14 +96,102 @@ def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("text", "error"),
-    [("[node\n", CliError), ('[node]\nname = "bad name"\n', ConfigError)],
+    ("text", "message"),
+    [
+        ("[node\n", "not valid TOML"),
+        ('[node]\nname = "bad name"\n', "node.name: expected a node name"),
+        (
+            "[nodes]\n",
+            "[nodes]: unknown table (known: node, security, peers, actors, providers, models; "
+            "did you mean [node]?)",
+        ),
+        (
+            "[settings]\n",
+            "[settings]: unknown table (known: node, security, peers, actors, providers, models)",
+        ),
+    ],
 )
-def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, error: type[Exception]) -> None:
+def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    with pytest.raises(error):
+    with pytest.raises(CliError) as caught:
         _in_process_settings(_args(config=str(config)))
+    assert str(caught.value).startswith(f"{config}: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value) and caught.value.code == 2
+
+
+def test_config_discovery_order(tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    found = xdg / "kbus" / "config.toml"
+    args = argparse.Namespace(config=None)
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg)}) is None  # no such file: the built-in catalog
+    found.parent.mkdir(parents=True)
+    found.write_text("")
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg)}) == found
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg), "KBUS_CONFIG": "e.toml"}) == Path("e.toml")
+    given = argparse.Namespace(config="a.toml")
+    assert find_config(given, {"XDG_CONFIG_HOME": str(xdg), "KBUS_CONFIG": "e.toml"}) == Path("a.toml")
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color() -> None:
+    assert use_colour(Tty(), {})
+    assert not use_colour(io.StringIO(), {})
+    assert not use_colour(Tty(), {"NO_COLOR": "1"})
+    assert not use_colour(Tty(), {"TERM": "dumb"})
+
+
+def test_two_ctrl_c_within_two_seconds_quit() -> None:
+    agent = Agent(parser().parse_args(["run", "hi"]), io.StringIO(), io.StringIO())
+    now = [100.0]
+    agent.key_clock = lambda: now[0]
+    assert not agent.second_interrupt()
+    now[0] += 1.9
+    assert agent.second_interrupt()
+    now[0] += 5.0
+    assert not agent.second_interrupt()  # long after: only an interrupt again
+    now[0] += 2.0
+    assert not agent.second_interrupt()  # exactly two seconds: not "within"
+
+
+def test_usage_no_receipt_reported_is_unknown_never_zero() -> None:
+    from actors.conversation.types import ChatTokenUsage
+
+    agent = Agent(parser().parse_args(["run", "hi"]), io.StringIO(), io.StringIO())
+    outcome = argparse.Namespace(finish_reason="stop", steps=0, usage=ChatTokenUsage())
+    unknown = argparse.Namespace(receipt_id="rcpt-1", usage=None)
+    known = argparse.Namespace(receipt_id="rcpt-2", usage=object())
+    assert "· tokens unknown ·" in agent.summary(outcome, [unknown])
+    assert "tokens in 0 out 0 total 0 (unknown for 1 of 2 requests)" in agent.summary(
+        outcome, [unknown, known]
+    )
+    assert "tokens in 0 out 0 total 0 · receipts: rcpt-2" in agent.summary(outcome, [known])
+
+
+@pytest.mark.parametrize(
+    ("content", "ok"),
+    [
+        (None, True),
+        ("", True),
+        ('{"type":"session","format":2}\n', True),
+        ("my notes\n", False),
+        ("[1, 2]\n", False),
+        ('{"no": "type"}\n', False),
+    ],
+)
+def test_only_a_journal_is_taken_as_a_session_file(tmp_path: Path, content: str | None, ok: bool) -> None:
+    path = tmp_path / "s.jsonl"
+    if content is not None:
+        path.write_text(content)
+    if ok:
+        check_session_file(str(path))
+    else:
+        with pytest.raises(CliError, match="not a kbus session file"):
+            check_session_file(str(path))
 
 
 def test_the_demo_runs_the_prompt_the_real_model_test_covers() -> None:
@@ -135,7 +225,7 @@ def test_a_turn_past_its_limit_is_interrupted_not_left_running(tmp_path: Path) -
         agent.stop()
     assert outcome.finish_reason is FinishReason.CANCELLED
     assert "the turn ran past its limit of 130 s; interrupting it" in err.getvalue()
-    assert "[done] cancelled" in out.getvalue()
+    assert "[done] cancelled" in err.getvalue()  # the done line goes to stderr
 
 
 BLOCKING_TOOL = '''
