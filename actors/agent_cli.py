@@ -24,8 +24,17 @@ into its answer; asked vaguely, it often calls a tool that does not exist.
 ``checkpoint_save``/``list``/``diff``/``restore``; every save covers the whole tree, so a file a command
 wrote is never missed); ``kbus checkpoints list|diff|restore`` reads and restores them from outside a chat.
 
-Exit codes: 0 done, 1 a turn failed, 2 bad input (unknown model, bad ``--tools``, bad config), 3 the
-endpoint or its Router is unreachable, 130 interrupted.
+Output: the answer alone on stdout; tool lines, the spinner (a terminal only) and the ``[done]`` line on
+stderr (``-q``: the answer alone; ``--json``: one JSON object per event on stdout, see ``TurnPrinter``).
+The prompt is the argument, or stdin when there is none or it is ``-``. The config is ``--config``, else
+``$KBUS_CONFIG``, else ``$XDG_CONFIG_HOME/kbus/config.toml`` if it exists (``find_config``), checked before
+anything starts (``read_config``, ``load_catalog``, ``check_credentials``). ``kbus models`` lists the
+catalog, ``kbus config --explain`` every provider and model option (from the constructors).
+
+Every failure is one line on stderr (``guarded``; ``-v`` for a traceback and the log). Exit codes: 0 done,
+1 a turn failed or an internal error, 2 bad input (unknown model, bad ``--tools``, bad config, a prompt over
+a limit, a ``--session`` file that is no journal), 3 the model server, the endpoint or its Router is
+unreachable, 130 interrupted.
 """
 
 from __future__ import annotations

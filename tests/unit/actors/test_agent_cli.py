@@ -17,8 +17,10 @@ from actors.agent_cli import (
     Agent,
     CliError,
     _in_process_settings,
+    check_credentials,
     check_session_file,
     find_config,
+    load_catalog,
     load_tool,
     system_prompt,
     use_colour,
@@ -292,3 +294,19 @@ def test_stopping_with_a_tool_still_running_stops_the_node_without_raising(tmp_p
             agent.node.stop()
         os.close(entered)
         os.close(gate)
+
+
+def test_the_readme_example_config_passes_the_checks(tmp_path: Path) -> None:
+    """The README's example ``[providers]``/``[models]`` tables are a config kbus accepts as written."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### A local OpenAI-compatible server, or codex") :]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)[:1]
+    config = tmp_path / "config.toml"
+    config.write_text(block)
+    catalog = load_catalog(argparse.Namespace(config=str(config)))[0]
+    assert {m.model for m in catalog.models} == {"lab", "gpt"}
+    assert check_credentials(catalog, "l", str(config), {"LAB_API_KEY": "k"}).model == "lab"
+    with pytest.raises(CliError, match=r"providers\.lab\.api_key_env: the environment variable LAB_API_KEY"):
+        check_credentials(catalog, "lab", str(config), {})
