@@ -574,6 +574,11 @@ class Agent:
             raise CliError(f"--node {self.args.node!r} is not a node name")
         if not re.match(r"^(ipc|tcp)://.+", self.args.connect):
             raise CliError(f"--connect {self.args.connect!r}: expected ipc://PATH or tcp://HOST:PORT")
+        if self.args.connect.startswith("tcp://") and not self.args.server_key:
+            raise CliError(
+                f"--connect {self.args.connect}: tcp is CURVE-encrypted: give --server-key (the node's public "
+                "key, Z85 text or its .key file) and --key (this client's secret key file)"
+            )
         # A CURVE server lets a key speak only as the node name its allowlist gives it: like `kbus ping`,
         # default to the key file's name (`kbus keys NAME` writes NAME.key_secret).
         name = self.args.name or (

@@ -346,6 +346,7 @@ type = "router"
         (["--connect", "ipc:///tmp/kb-none/none.sock"], 2, "--connect needs --node"),
         (["--connect", "http://x", "--node", "n1"], 2, "expected ipc://PATH or tcp://HOST:PORT"),
         (["--max-steps", "0"], 2, "--max-steps must be at least 1"),
+        (["--connect", "tcp://127.0.0.1:9", "--node", "n1"], 2, "tcp is CURVE-encrypted: give --server-key"),
         (["--workdir", "/nonexistent/kbus"], 2, "--workdir"),
         (["--", " "], 2, "the prompt is empty"),
     ],
