@@ -15,9 +15,9 @@ Where the model runs:
 
 The embedded ``smollm2`` model (135M parameters) is weak: in the built-in catalog it may decide to call a tool
 on its first request and must answer in text after a tool result (``tool_choice_after_call = "none"``); the
-system prompt lists the tools with the exact call form; ``--max-steps`` bounds tool calls per turn. It follows
-a prompt that spells the call out (see ``DEMO_PROMPT``) and copies the calculator's ``"EXPR = VALUE"`` line
-into its answer; asked vaguely, it often calls a tool that does not exist.
+system prompt lists the tools and their arguments, with no example call to copy (the local provider's grammar
+keeps a call to the turn's tools); ``--max-steps`` bounds tool calls per turn. It follows a prompt that
+spells the call out (see ``DEMO_PROMPT``); ``scripts/bench-tools`` measures it on 12 plain prompts.
 
 ``--edit`` adds the workspace tools (``write_file``, ``edit_file``, ``run_command``, registered as mutating);
 ``--checkpoints`` binds the session to a shadow git repository of ``--workdir`` under ``--data-dir`` (tools
@@ -122,37 +122,21 @@ def load_tool(spec: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-_EXAMPLE = re.compile(r'e\.g\. "([^"]*)"')
-
-
-def _example_arguments(parameters: Any) -> str:
-    """A JSON object of example argument values (from the parameter's 'e.g. "..."' when it has one)."""
-    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-    example: dict[str, Any] = {}
-    for name, schema in properties.items():
-        found = _EXAMPLE.search(str(schema.get("description", "")))
-        kind = schema.get("type")
-        if found:
-            example[name] = found.group(1)
-        elif kind in ("integer", "number"):
-            example[name] = 1
-        elif kind == "boolean":
-            example[name] = True
-        else:
-            example[name] = "..."
-    return json.dumps(example)
-
-
 def system_prompt(specs: Sequence[Any]) -> str:
-    """The focused prompt: each tool with the exact ``call_ktool`` form that runs it."""
+    """The focused prompt: each tool's name, arguments and first sentence, and no example call (the 135M
+    model copied an example's values into unrelated calls: ``list_dir {"path": "notes.txt"}`` for "list
+    the files here"); which tool and which arguments are possible, the local provider's grammar enforces."""
     if not specs:
         return "You are a helpful assistant. Answer briefly."
-    lines = ["You are a helpful assistant. Tools you can call with call_ktool:"]
+    lines = [
+        "You are a helpful assistant. To use a tool, call call_ktool with the tool's name and its arguments.",
+        "Tools:",
+    ]
     for spec in specs:
         plain = re.sub(r"\s*\([^)]*\)", "", spec.description)  # no parentheticals: "(bounded; ...)"
         summary = plain.split(". ")[0].split("; ")[0].rstrip(".")
-        call = f'{{"name": "{spec.name}", "arguments": {_example_arguments(spec.parameters)}}}'
-        lines.append(f"- {spec.name}: {summary}. Call: {call}")
+        props = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+        lines.append(f"- {spec.name}({', '.join(props)}): {summary}.")
     lines.append("After a tool result, answer the user in one short sentence.")
     return "\n".join(lines)
 
@@ -576,8 +560,8 @@ class Agent:
             raise CliError(f"--connect {self.args.connect!r}: expected ipc://PATH or tcp://HOST:PORT")
         if self.args.connect.startswith("tcp://") and not self.args.server_key:
             raise CliError(
-                f"--connect {self.args.connect}: tcp is CURVE-encrypted: give --server-key (the node's public "
-                "key, Z85 text or its .key file) and --key (this client's secret key file)"
+                f"--connect {self.args.connect}: tcp is CURVE-encrypted: give --server-key (the node's "
+                "public key, Z85 text or its .key file) and --key (this client's secret key file)"
             )
         # A CURVE server lets a key speak only as the node name its allowlist gives it: like `kbus ping`,
         # default to the key file's name (`kbus keys NAME` writes NAME.key_secret).

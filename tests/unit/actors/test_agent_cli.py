@@ -64,15 +64,17 @@ def test_a_tool_module_that_raises_on_import_is_one_line(tmp_path: Path) -> None
         load_tool(f"{tmp_path / 'broken.py'}:f")
 
 
-def test_the_system_prompt_lists_every_tool_with_its_call(tmp_path: Path) -> None:
+def test_the_system_prompt_lists_every_tool_and_no_example_call(tmp_path: Path) -> None:
     registry = ToolRegistry()
     for fn in builtin_tools(tmp_path):
         registry.register(fn)
     prompt = system_prompt(registry.specs())
-    assert 'calculate: Evaluate an arithmetic expression. Call: {"name": "calculate", "arguments": ' in prompt
-    assert '{"expression": "(12 + 30) * 2"}' in prompt  # the example from the parameter's docstring
-    assert '{"name": "read_file", "arguments": {"path": "notes.txt"}}' in prompt
-    assert '{"name": "list_dir", "arguments": {"path": "..."}}' in prompt
+    assert "- calculate(expression): Evaluate an arithmetic expression.\n" in prompt
+    assert "- read_file(path): Return the text of a file in the working directory.\n" in prompt
+    assert "- list_dir(path): List a directory in the working directory, one entry a line.\n" in prompt
+    # Nothing the 135M model could copy into an unrelated call: no call, no example value.
+    for copied in ('"name"', "(12 + 30) * 2", "notes.txt", "{"):
+        assert copied not in prompt
     assert "call_ktool" in prompt
     assert "tool" not in system_prompt(())
 
