@@ -1034,10 +1034,14 @@ def _repl(agent: Agent) -> None:
             elif command == "/compact":
                 try:
                     before = len(agent.runtime.transcript())
-                    agent.runtime.compact_now()
+                    agent.progress.start(f"compacting with {agent.model}")  # a model writes the summary
+                    try:
+                        agent.runtime.compact_now()
+                    finally:
+                        agent.progress.stop()
                     after = len(agent.runtime.transcript())
                 except BusError as exc:
-                    print(f"kbus: compaction failed: {exc}", flush=True)
+                    print(f"kbus: compaction failed: {one_line(exc)}", flush=True)
                     continue
                 if after == before:
                     print(f"nothing to compact yet ({before} messages)", flush=True)
