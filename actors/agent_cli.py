@@ -15,25 +15,37 @@ Where the model runs:
 
 The embedded ``smollm2`` model (135M parameters) is weak: in the built-in catalog it may decide to call a tool
 on its first request and must answer in text after a tool result (``tool_choice_after_call = "none"``); the
-system prompt lists the tools with the exact call form; ``--max-steps`` bounds tool calls per turn. It follows
-a prompt that spells the call out (see ``DEMO_PROMPT``) and copies the calculator's ``"EXPR = VALUE"`` line
-into its answer; asked vaguely, it often calls a tool that does not exist.
+system prompt lists the tools and their arguments, with no example call to copy (the local provider's grammar
+keeps a call to the turn's tools); ``--max-steps`` bounds tool calls per turn. It follows a prompt that
+spells the call out (see ``DEMO_PROMPT``); ``scripts/bench-tools`` measures it on 12 plain prompts.
 
 ``--edit`` adds the workspace tools (``write_file``, ``edit_file``, ``run_command``, registered as mutating);
 ``--checkpoints`` binds the session to a shadow git repository of ``--workdir`` under ``--data-dir`` (tools
 ``checkpoint_save``/``list``/``diff``/``restore``; every save covers the whole tree, so a file a command
 wrote is never missed); ``kbus checkpoints list|diff|restore`` reads and restores them from outside a chat.
 
-Exit codes: 0 done, 1 a turn failed, 2 bad input (unknown model, bad ``--tools``, bad config), 3 the
-endpoint or its Router is unreachable, 130 interrupted.
+Output: the answer alone on stdout; tool lines, the spinner (a terminal only) and the ``[done]`` line on
+stderr (``-q``: the answer alone; ``--json``: one JSON object per event on stdout, see ``TurnPrinter``).
+The prompt is the argument, or stdin when there is none or it is ``-``. The config is ``--config``, else
+``$KBUS_CONFIG``, else ``$XDG_CONFIG_HOME/kbus/config.toml`` if it exists (``find_config``), checked before
+anything starts (``read_config``, ``load_catalog``, ``check_credentials``). ``kbus models`` lists the
+catalog, ``kbus config --explain`` every provider and model option (from the constructors).
+
+Every failure is one line on stderr (``guarded``; ``-v`` for a traceback and the log). Exit codes: 0 done,
+1 a turn failed or an internal error, 2 bad input (unknown model, bad ``--tools``, bad config, a prompt over
+a limit, a ``--session`` file that is no journal), 3 the model server, the endpoint or its Router is
+unreachable, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
+import logging
+import math
 import os
 import re
 import sys
@@ -54,6 +66,8 @@ DEMO_PROMPT: Final = (
 )
 DEFAULT_MODEL: Final = "smollm2"
 CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Router
+PROMPT_BYTES: Final = (1 << 20) - (64 << 10)  # room for the rest of a conv.run message (transport.codec)
+QUIT_WINDOW: Final = 2.0  # seconds: a second Ctrl-C within this of the first quits
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
 
@@ -108,57 +122,41 @@ def load_tool(spec: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-_EXAMPLE = re.compile(r'e\.g\. "([^"]*)"')
-
-
-def _example_arguments(parameters: Any) -> str:
-    """A JSON object of example argument values (from the parameter's 'e.g. "..."' when it has one)."""
-    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-    example: dict[str, Any] = {}
-    for name, schema in properties.items():
-        found = _EXAMPLE.search(str(schema.get("description", "")))
-        kind = schema.get("type")
-        if found:
-            example[name] = found.group(1)
-        elif kind in ("integer", "number"):
-            example[name] = 1
-        elif kind == "boolean":
-            example[name] = True
-        else:
-            example[name] = "..."
-    return json.dumps(example)
-
-
 def system_prompt(specs: Sequence[Any]) -> str:
-    """The focused prompt: each tool with the exact ``call_ktool`` form that runs it."""
+    """The focused prompt: each tool's name, arguments and first sentence, and no example call (the 135M
+    model copied an example's values into unrelated calls: ``list_dir {"path": "notes.txt"}`` for "list
+    the files here"); which tool and which arguments are possible, the local provider's grammar enforces."""
     if not specs:
         return "You are a helpful assistant. Answer briefly."
-    lines = ["You are a helpful assistant. Tools you can call with call_ktool:"]
+    lines = [
+        "You are a helpful assistant. To use a tool, call call_ktool with the tool's name and its arguments.",
+        "Tools:",
+    ]
     for spec in specs:
         plain = re.sub(r"\s*\([^)]*\)", "", spec.description)  # no parentheticals: "(bounded; ...)"
         summary = plain.split(". ")[0].split("; ")[0].rstrip(".")
-        call = f'{{"name": "{spec.name}", "arguments": {_example_arguments(spec.parameters)}}}'
-        lines.append(f"- {spec.name}: {summary}. Call: {call}")
+        props = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+        lines.append(f"- {spec.name}({', '.join(props)}): {summary}.")
     lines.append("After a tool result, answer the user in one short sentence.")
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------- progress
 class Progress:
-    """A spinner on stderr while the model loads or thinks; one line instead when stderr is not a tty."""
+    """A spinner on stderr while the model loads or thinks; nothing when stderr is not a terminal."""
 
     FRAMES = "|/-\\"
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, quiet: bool = False) -> None:
         self.stream = stream
+        self.quiet = quiet
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, label: str) -> None:
         self.stop()
         self._stop = threading.Event()
-        if not self.stream.isatty():
-            print(f"kbus: {label} ...", file=self.stream, flush=True)
+        if self.quiet or not self.stream.isatty():  # a script reading stderr gets no progress noise
             return
         stop, stream, started = self._stop, self.stream, time.monotonic()
 
@@ -182,8 +180,16 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------------------------- events
+def use_colour(stream: TextIO, env: Mapping[str, str] = os.environ) -> bool:
+    """Colour only on a terminal, and never with ``NO_COLOR`` set (https://no-color.org) or TERM=dumb."""
+    return stream.isatty() and not env.get("NO_COLOR") and env.get("TERM") != "dumb"
+
+
 class TurnPrinter:
     """The conversation's event sink: streams text, shows tool calls and results, notes the turn's end.
+
+    ``mode``: ``"text"`` (the answer on ``out``, tool lines on ``err``), ``"quiet"`` (the answer alone) or
+    ``"json"`` (one JSON object per event on ``out``: ``text``, ``tool_call``, ``tool_result``, ``done``).
 
     ``emit`` runs on the sink actor's thread; the main thread reads what it recorded only after
     ``TurnFinished`` (``finished`` is set), so the two never write at the same time.
@@ -192,9 +198,20 @@ class TurnPrinter:
     SHOWN_LINES = 12
     SHOWN_CHARS = 600
 
-    def __init__(self, out: TextIO, progress: Progress) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        progress: Progress,
+        *,
+        err: TextIO | None = None,
+        mode: str = "text",
+        colour: bool = False,
+    ) -> None:
         self.out = out
+        self.err = out if err is None else err
         self.progress = progress
+        self.mode = mode
+        self.colour = colour
         self.finished = threading.Event()
         self.streamed = False
         self.at_line_start = True
@@ -213,8 +230,32 @@ class TurnPrinter:
             self.out.flush()
             self.at_line_start = text.endswith("\n")
 
+    def json_line(self, obj: Mapping[str, Any]) -> None:
+        self.progress.stop()
+        self.out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def note(self, line: str, style: str = "2") -> None:
+        """A line on ``err`` (tool lines, the done line), dim or coloured on a terminal; none when quiet."""
+        if self.mode != "text":
+            return
+        self.progress.stop()
+        if self.err is self.out:
+            self.newline()
+        if self.colour:
+            line = f"\033[{style}m{line}\033[0m"
+        self.err.write(line + "\n")
+        self.err.flush()
+
+    def answer(self, text: str) -> None:
+        """Answer text (streamed, or the whole answer when nothing was streamed)."""
+        if self.mode == "json":
+            self.json_line({"type": "text", "text": text})
+        else:
+            self._write(text)
+
     def newline(self) -> None:
-        if not self.at_line_start:
+        if not self.at_line_start and self.mode != "json":
             self._write("\n")
 
     def emit(self, event: Any) -> None:
@@ -223,13 +264,24 @@ class TurnPrinter:
         match event:
             case TextDelta(text=text):
                 self.streamed = True
-                self._write(text)
-            case ToolCallStarted(name=name, arguments=arguments):
+                self.answer(text)
+            case ToolCallStarted(call_id=call_id, name=name, arguments=arguments):
                 self.tool_calls += 1
-                self.newline()
-                self._write(f"[tool call] {name} {arguments}\n")
-            case ToolCallFinished(name=name, ok=ok, text=text):
-                self._write(f"[tool {'result' if ok else 'error'}] {name}: {self._clip(text)}\n")
+                if self.mode == "json":
+                    self.json_line(
+                        {"type": "tool_call", "call_id": call_id, "name": name, "arguments": arguments}
+                    )
+                else:
+                    self.newline()
+                    self.note(f"[tool call] {name} {arguments}", "36")
+            case ToolCallFinished(call_id=call_id, name=name, ok=ok, text=text):
+                if self.mode == "json":
+                    self.json_line(
+                        {"type": "tool_result", "call_id": call_id, "name": name, "ok": ok, "text": text}
+                    )
+                else:
+                    kind = "result" if ok else "error"
+                    self.note(f"[tool {kind}] {name}: {self._clip(text)}", "2" if ok else "31")
                 self.streamed = False  # the answer is the text after the last tool call
             case TurnFinished():
                 self.finished.set()
@@ -249,21 +301,75 @@ def _default_data_dir() -> Path:
     return Path(base) / "kbus"
 
 
-def _in_process_settings(args: argparse.Namespace) -> Any:
-    from config import from_mapping
+# Top-level tables a kbus config may have: the node's sections (config.Settings) and the catalog's.
+KNOWN_TABLES: Final = ("node", "security", "peers", "actors", "providers", "models")
 
-    raw: dict[str, Any] = {}  # the Router's built-in catalog (actors/router/catalog.py DEFAULT_CATALOG)
-    source, base_dir = "<kbus run>", None
-    if args.config:
-        path = Path(args.config)
-        try:
-            with path.open("rb") as f:
-                raw = tomllib.load(f)
-        except OSError as exc:
-            raise CliError(f"--config {args.config}: {exc.strerror or exc}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise CliError(f"--config {args.config}: not valid TOML: {exc}") from None
-        source, base_dir = str(path), path.absolute().parent
+
+def find_config(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Path | None:
+    """``--config``, else ``$KBUS_CONFIG``, else ``$XDG_CONFIG_HOME/kbus/config.toml`` (default
+    ``~/.config/kbus/config.toml``) if that file exists; None: the built-in catalog."""
+    given = getattr(args, "config", None) or env.get("KBUS_CONFIG")
+    if given:
+        return Path(given)
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    found = Path(base) / "kbus" / "config.toml"
+    return found if found.is_file() else None
+
+
+def read_config(path: Path | None) -> tuple[dict[str, Any], str, Path | None]:
+    """The parsed file (``{}`` without one), its name for messages and its folder; every top-level table
+    checked against ``KNOWN_TABLES`` (a misspelt ``[provider.x]`` would otherwise be ignored)."""
+    import difflib
+
+    if path is None:
+        return {}, "<kbus run>", None
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: not valid TOML: {exc}") from None
+    for key in raw:
+        if key not in KNOWN_TABLES:
+            close = difflib.get_close_matches(key, KNOWN_TABLES, n=1, cutoff=0.6)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise CliError(f"{path}: [{key}]: unknown table (known: {', '.join(KNOWN_TABLES)}{hint})")
+    return raw, str(path), path.absolute().parent
+
+
+def load_catalog(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str, Path | None]:
+    """The catalog the in-process Router will serve, checked before anything starts (CliError 2)."""
+    from actors.router.catalog import ModelCatalog
+    from config import ConfigError
+
+    raw, source, base_dir = read_config(find_config(args))
+    try:
+        return ModelCatalog.from_mapping(raw, source=source), raw, source, base_dir
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_credentials(catalog: Any, model: str, source: str, env: Mapping[str, str] = os.environ) -> Any:
+    """The model's ResolvedAgentModel; CliError 2 for an unknown model or an unset ``api_key_env``."""
+    from actors.router.catalog import UnknownModel
+
+    try:
+        resolved, _, provider = catalog.resolve(model)
+    except UnknownModel as exc:
+        raise CliError(str(exc)) from None
+    var = provider.options.get("api_key_env")
+    if isinstance(var, str) and not env.get(var):
+        raise CliError(
+            f"{source}: providers.{provider.name}.api_key_env: the environment variable {var} is not set"
+        )
+    return resolved
+
+
+def _in_process_settings(args: argparse.Namespace) -> Any:
+    from config import ConfigError, from_mapping
+
+    _, raw, source, base_dir = load_catalog(args)
     node = dict(raw.get("node", {}))
     node.setdefault("name", f"kbus-{args.command}-{os.getpid()}")
     node.setdefault("data_dir", str(args.data_dir or _default_data_dir()))
@@ -271,7 +377,10 @@ def _in_process_settings(args: argparse.Namespace) -> Any:
     if not any(isinstance(a, Mapping) and a.get("type") == "router" for a in actors.values()):
         actors["router"] = {"type": "router"}
     raw = {**raw, "node": node, "actors": actors}
-    return from_mapping(raw, source=source, base_dir=base_dir)
+    try:
+        return from_mapping(raw, source=source, base_dir=base_dir)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _security(args: argparse.Namespace) -> Any:
@@ -284,19 +393,9 @@ def _security(args: argparse.Namespace) -> Any:
 def credential_names(args: argparse.Namespace) -> tuple[str, ...]:
     """Every ``api_key_env`` the catalog names (the built-in one, or ``--config``'s): ``run_command``'s
     environment never holds them. A config that cannot be read names none here (loading it reports why)."""
-    from actors.router.catalog import ModelCatalog
-    from config import ConfigError
-
-    raw: dict[str, Any] = {}
-    if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                raw = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            return ()
     try:
-        catalog = ModelCatalog.from_mapping(raw)
-    except (ConfigError, ValueError):
+        catalog = load_catalog(args)[0]
+    except CliError:
         return ()
     names = (p.options.get("api_key_env") for p in catalog.providers)
     return tuple(sorted({n for n in names if isinstance(n, str)}))
@@ -322,8 +421,11 @@ class Agent:
     def __init__(self, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
         self.args = args
         self.out, self.err = out, err
-        self.progress = Progress(err)
-        self.printer = TurnPrinter(out, self.progress)
+        mode = (
+            "json" if getattr(args, "json", False) else "quiet" if getattr(args, "quiet", False) else "text"
+        )
+        self.progress = Progress(err, quiet=mode == "quiet")
+        self.printer = TurnPrinter(out, self.progress, err=err, mode=mode, colour=use_colour(err))
         self.node: Any = None
         self.router = ""
         self.runtime: Any = None
@@ -340,6 +442,9 @@ class Agent:
         self.cancel_commands = threading.Event()  # set on stop: a run_command still running is killed
         self.checkpoint_session: str | None = None
         self.shadow: Any = None
+        self.resolved: Any = None  # the current model's ResolvedAgentModel
+        self.last_interrupt = -math.inf  # when Ctrl-C was last pressed (two within QUIT_WINDOW quit)
+        self.key_clock: Callable[[], float] = time.monotonic
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -352,6 +457,11 @@ class Agent:
 
         if self.args.max_steps < 1:
             raise CliError("--max-steps must be at least 1")
+        if self.args.session:
+            check_session_file(self.args.session)
+        if not self.args.connect:  # the config, the model and its credential: before anything starts
+            catalog, _, source, _ = load_catalog(self.args)
+            check_credentials(catalog, self.model, source)
         registry = ToolRegistry()  # load tools before starting anything: a bad spec starts nothing
         try:
             workdir = Path(self.args.workdir or os.getcwd())
@@ -372,6 +482,7 @@ class Agent:
         else:
             self._in_process()
         resolved = self.check_model(self.model)
+        self.resolved = resolved
         self.local = str(resolved.provider) == "local"
         # Cross-turn compaction (and /compact) once the estimate passes half the model's input budget.
         compactor = Compactor(threshold_tokens=max(256, resolved.max_input_tokens // 2), keep_recent_n=4)
@@ -447,6 +558,11 @@ class Agent:
             raise CliError(f"--node {self.args.node!r} is not a node name")
         if not re.match(r"^(ipc|tcp)://.+", self.args.connect):
             raise CliError(f"--connect {self.args.connect!r}: expected ipc://PATH or tcp://HOST:PORT")
+        if self.args.connect.startswith("tcp://") and not self.args.server_key:
+            raise CliError(
+                f"--connect {self.args.connect}: tcp is CURVE-encrypted: give --server-key (the node's "
+                "public key, Z85 text or its .key file) and --key (this client's secret key file)"
+            )
         # A CURVE server lets a key speak only as the node name its allowlist gives it: like `kbus ping`,
         # default to the key file's name (`kbus keys NAME` writes NAME.key_secret).
         name = self.args.name or (
@@ -503,6 +619,25 @@ class Agent:
         cross-turn compaction's summary, each allowed ``--timeout``, plus the tools' time."""
         return float((self.args.max_steps + 2) * self.args.timeout + TURN_MARGIN)
 
+    def second_interrupt(self) -> bool:
+        """Note a Ctrl-C; whether it came within QUIT_WINDOW seconds of the one before (then: quit)."""
+        now = self.key_clock()
+        second, self.last_interrupt = now - self.last_interrupt < QUIT_WINDOW, now
+        return second
+
+    def check_prompt(self, text: str) -> None:
+        """Refuse a prompt no request could carry, in one line naming the limit and what changes it."""
+        from actors.router.providers.base import estimate_tokens
+
+        check_prompt_size(text)
+        if self.resolved is not None:
+            tokens = estimate_tokens(text)
+            if tokens > self.resolved.max_input_tokens:
+                raise CliError(
+                    f"the prompt is about {tokens} tokens; model {self.resolved.model} takes at most "
+                    f"{self.resolved.max_input_tokens} (max_input_tokens of [models.{self.resolved.model}])"
+                )
+
     def turn(self, text: str | None) -> Any:
         """One turn: stream it, then print its usage and receipts; returns its RuntimeOutcome. ``None``
         continues the turn the session file shows interrupted (``continue_turn``)."""
@@ -510,6 +645,7 @@ class Agent:
 
         token = CancellationToken()
         self.runtime.set_interrupt_token(token)
+        self.last_interrupt = -math.inf  # a new prompt: a Ctrl-C before it was not meant to quit
         self.printer.begin()
         if self.local and self.model not in self.loaded:
             waiting = f"loading {self.model} (first use) and thinking"
@@ -534,7 +670,7 @@ class Agent:
                         print(note, file=self.err, flush=True)
                     continue
                 except KeyboardInterrupt:
-                    if token.is_cancelled():
+                    if token.is_cancelled() or self.second_interrupt():
                         raise
                     self.progress.stop()
                     token.cancel()
@@ -545,32 +681,99 @@ class Agent:
         self.last_outcome = outcome
         self.printer.finished.wait(10.0)  # events travel apart from the reply: let them land first
         if not self.printer.streamed and outcome.final_text:
-            self.printer._write(outcome.final_text)
+            self.printer.answer(outcome.final_text)
         self.printer.newline()
-        self.out.write(self.summary(outcome, self.operations[first_operation:]) + "\n")
-        self.out.flush()
+        self.report(outcome, self.operations[first_operation:])
         return outcome
 
-    def receipts(self, operations: Sequence[uuid.UUID]) -> str:
-        """The ids of the receipts the Router issued for the turn's provider turns (or why not)."""
+    def receipts(self, operations: Sequence[uuid.UUID]) -> tuple[list[Any], str | None]:
+        """The receipts the Router issued for the turn's provider turns, or why there are none."""
         from actors.router.client import RouterClient
         from transport import BusError
 
         router = RouterClient(self.node, self.router, timeout=CONNECT_WAIT)
         try:
-            ids = [r.receipt_id for op in operations for r in router.receipts_for(op)]
+            return [r for op in operations for r in router.receipts_for(op)], None
         except BusError as exc:
-            return f"(not available: {type(exc).__name__}: {exc})"
-        return ", ".join(ids) or "(none)"
+            return [], f"(not available: {type(exc).__name__}: {exc})"
 
-    def summary(self, outcome: Any, operations: Sequence[uuid.UUID]) -> str:
-        usage = outcome.usage
+    def report(self, outcome: Any, operations: Sequence[uuid.UUID]) -> None:
+        """The turn's end: the ``[done]`` line on stderr, or the ``done`` event with ``--json``."""
+        if self.printer.mode == "quiet":
+            return
+        receipts, why = self.receipts(operations)
+        known = [r.usage for r in receipts if r.usage is not None]
+        # A provider that reports no usage (llama.cpp's server in a stream) leaves it unknown: never 0.
+        usage = outcome.usage if known else None
+        if self.printer.mode == "json":
+            self.printer.json_line(
+                {
+                    "type": "done",
+                    "finish_reason": str(outcome.finish_reason),
+                    "tool_calls": outcome.steps,
+                    "usage": None
+                    if usage is None
+                    else {
+                        "input_tokens": usage.prompt_tokens,
+                        "output_tokens": usage.completion_tokens,
+                        "total_tokens": usage.total_tokens,
+                        "complete": len(known) == len(receipts),
+                    },
+                    "receipts": [r.receipt_id for r in receipts],
+                }
+            )
+            return
+        self.printer.note(self.summary(outcome, receipts, why))
+
+    def summary(self, outcome: Any, receipts: Sequence[Any], why: str | None = None) -> str:
         calls = outcome.steps
+        known = sum(1 for r in receipts if r.usage is not None)
+        if receipts and not known:
+            tokens = "tokens unknown"
+        else:
+            usage = outcome.usage
+            tokens = (
+                f"tokens in {usage.prompt_tokens} out {usage.completion_tokens} total {usage.total_tokens}"
+            )
+            if known < len(receipts):
+                tokens += f" (unknown for {len(receipts) - known} of {len(receipts)} requests)"
+        ids = why or ", ".join(r.receipt_id for r in receipts) or "(none)"
         return (
             f"[done] {outcome.finish_reason} · {calls} tool call{'s' if calls != 1 else ''} · "
-            f"tokens in {usage.prompt_tokens} out {usage.completion_tokens} total {usage.total_tokens} · "
-            f"receipts: {self.receipts(operations)}"
+            f"{tokens} · receipts: {ids}"
         )
+
+
+def check_prompt_size(text: str) -> None:
+    """CliError 2 for a prompt larger than one bus message can carry."""
+    from transport.codec import MAX_BODY_BYTES
+
+    size = len(text.encode("utf-8"))
+    if size > PROMPT_BYTES:
+        raise CliError(
+            f"the prompt is {size} bytes; a message on the bus carries at most {MAX_BODY_BYTES} bytes "
+            f"(transport.codec.MAX_BODY_BYTES), so a prompt may have at most {PROMPT_BYTES}"
+        )
+
+
+def check_session_file(path: str) -> None:
+    """CliError 2 unless ``path`` is missing, empty or starts with a kbus journal record: a resumed session
+    appends to the file, and must never append to a file of the user's."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CliError(f"--session {path}: {exc.strerror or exc}") from None
+    if not first.strip():
+        return
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        raise CliError(f"--session {path}: not a kbus session file (its first line is no journal record)")
 
 
 def _server_key(text: str | None) -> str | None:
@@ -603,34 +806,153 @@ def _agent(args: argparse.Namespace) -> Iterator[Agent]:
     agent.stop()
 
 
+def one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def failure_code(exc: BaseException) -> int:
+    """3 when the model or the bus could not be reached (a provider unavailable, nothing delivered, the
+    outcome unknown), else 1."""
+    from actors.router.messages import ProviderUnavailable
+    from transport.errors import NotDelivered, Unavailable
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ProviderUnavailable | NotDelivered | Unavailable):
+            return 3
+        current = current.__cause__ or current.__context__
+    return 1
+
+
 def _failed(command: str, exc: BaseException) -> int:
     from transport import BusError
 
     if isinstance(exc, CliError):
-        print(f"kbus {command}: {exc}", file=sys.stderr)
+        print(f"kbus {command}: {one_line(exc)}", file=sys.stderr)
         return exc.code
     if isinstance(exc, BusError):
-        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        return failure_code(exc)
     raise exc
+
+
+def guarded(command: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``fn`` with every failure as one line on stderr: a bug is exit 1 (its traceback with ``-v``), and
+    log records below CRITICAL (receipts in warnings) only with ``-v``."""
+
+    def run(args: argparse.Namespace) -> int:
+        verbose = bool(getattr(args, "verbose", False))
+        if not verbose:
+            logging.getLogger().setLevel(logging.CRITICAL)
+        try:
+            return fn(args)
+        except BrokenPipeError:  # stdout closed early (| head): nothing more to say
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        except Exception as exc:  # the last word: one line, not a traceback
+            if verbose:
+                raise
+            print(
+                f"kbus {command}: internal error: {type(exc).__name__}: {one_line(exc)} "
+                "(-v shows the traceback)",
+                file=sys.stderr,
+            )
+            return 1
+
+    return run
+
+
+def read_prompt(args: argparse.Namespace, stdin: TextIO) -> str:
+    """The prompt argument, or stdin when there is none or it is ``-``; CliError 2 if empty."""
+    prompt = args.prompt
+    if prompt is None or prompt == "-":
+        if prompt is None and stdin.isatty():
+            raise CliError("no prompt: give it as an argument, or on stdin (echo PROMPT | kbus run)")
+        prompt = stdin.read()
+    if not prompt.strip():
+        raise CliError("the prompt is empty")
+    return str(prompt)
 
 
 # --------------------------------------------------------------------------------------------- commands
 def cmd_run(args: argparse.Namespace) -> int:
     from transport import BusError
 
-    if not args.prompt.strip():
-        print("kbus run: the prompt is empty", file=sys.stderr)
-        return 2
     try:
+        prompt = read_prompt(args, sys.stdin)
+        check_prompt_size(prompt)  # before anything starts
         with _agent(args) as agent:
-            outcome = agent.turn(args.prompt)
+            agent.check_prompt(prompt)
+            outcome = agent.turn(prompt)
     except (CliError, BusError) as exc:
         return _failed("run", exc)
     except KeyboardInterrupt:
         print("\nkbus run: interrupted", file=sys.stderr)
         return 130
     return 0 if str(outcome.finish_reason) != "cancelled" else 130
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``kbus models``: the catalog's models (name, provider, window, aliases), from the config found."""
+    try:
+        catalog = load_catalog(args)[0]
+    except CliError as exc:
+        return _failed("models", exc)
+    rows = [
+        (
+            m.model,
+            f"{m.provider} ({catalog.resolve(m.model)[2].kind})",
+            str(m.context_window),
+            ", ".join(m.aliases),
+        )
+        for m in catalog.models
+    ]
+    if args.json:
+        for m in catalog.models:
+            print(
+                json.dumps(
+                    {
+                        "model": m.model,
+                        "provider": m.provider,
+                        "provider_model": m.provider_model,
+                        "context_window": m.context_window,
+                        "max_input_tokens": m.max_input_tokens,
+                        "aliases": list(m.aliases),
+                    }
+                )
+            )
+        return 0
+    header = ("MODEL", "PROVIDER", "WINDOW", "ALIASES")
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(3)]
+    for row in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)) + "  " + row[3])
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``kbus config``: which file is used and whether it is sound; ``--explain``: every option."""
+    from actors.router.catalog import _PROVIDER_CLASSES, model_options, provider_options
+
+    if args.explain:
+        for kind in ("openai", "codex", "local", "scripted"):
+            assert kind == "scripted" or kind in _PROVIDER_CLASSES
+            print(f"[providers.NAME] kind = {kind!r}")
+            for o in provider_options(kind):
+                print(f"  {o.name} = {o.default}" if o.default else f"  {o.name} (required)")
+        print("[models.NAME]")
+        for o in model_options():
+            print(f"  {o.name} = {o.default}" if o.default else f"  {o.name} (required)")
+        return 0
+    path = find_config(args)
+    try:
+        catalog, _, source, _ = load_catalog(args)
+    except CliError as exc:
+        return _failed("config", exc)
+    print(f"{source if path else 'no config file: the built-in catalog'}: {len(catalog.models)} models ok")
+    return 0
 
 
 CHAT_HELP = """commands:
@@ -684,6 +1006,8 @@ def _repl(agent: Agent) -> None:
             print(file=sys.stdout)
             return
         except KeyboardInterrupt:
+            if agent.second_interrupt():  # the first one's turn may have ended already: quit anyway
+                raise
             print(file=sys.stdout)
             continue
         if not line:
@@ -710,10 +1034,14 @@ def _repl(agent: Agent) -> None:
             elif command == "/compact":
                 try:
                     before = len(agent.runtime.transcript())
-                    agent.runtime.compact_now()
+                    agent.progress.start(f"compacting with {agent.model}")  # a model writes the summary
+                    try:
+                        agent.runtime.compact_now()
+                    finally:
+                        agent.progress.stop()
                     after = len(agent.runtime.transcript())
                 except BusError as exc:
-                    print(f"kbus: compaction failed: {exc}", flush=True)
+                    print(f"kbus: compaction failed: {one_line(exc)}", flush=True)
                     continue
                 if after == before:
                     print(f"nothing to compact yet ({before} messages)", flush=True)
@@ -807,12 +1135,24 @@ def _find(shadow: Any, checkpoint_id: str, session: str | None) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- parser
+def config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        help="a TOML with [providers.*]/[models.*] (and [node]); default $KBUS_CONFIG, else "
+        "$XDG_CONFIG_HOME/kbus/config.toml (~/.config/kbus/config.toml) if it exists",
+    )
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``run`` and ``chat`` to the ``kbus`` command's subparsers."""
+    """Add ``run``, ``chat``, ``models``, ``config`` and ``checkpoints`` to the ``kbus`` subparsers."""
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--model", default=DEFAULT_MODEL, help=f"catalog model or alias (default {DEFAULT_MODEL})"
+            "-m", "--model", default=DEFAULT_MODEL, help=f"catalog model or alias (default {DEFAULT_MODEL})"
+        )
+        p.add_argument("--json", action="store_true", help="one JSON object per event on stdout")
+        p.add_argument(
+            "-q", "--quiet", action="store_true", help="the answer alone: no tool lines, progress or [done]"
         )
         p.add_argument(
             "--tools",
@@ -836,7 +1176,7 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--system", help="the system prompt (default: one listing the tools)")
         p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn at most (default 4)")
         p.add_argument("--timeout", type=float, default=300.0, help="seconds one model request may take")
-        p.add_argument("--config", help="in-process: a TOML with [providers.*]/[models.*] (and [node])")
+        config_option(p)
         p.add_argument(
             "--data-dir", help="in-process: where receipts are stored (default ~/.local/share/kbus)"
         )
@@ -853,13 +1193,23 @@ def add_parsers(sub: Any) -> None:
         )
 
     p = sub.add_parser("run", help="one agent turn: answer PROMPT (streamed), with tools, through the bus")
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")
     common(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=guarded("run", cmd_run))
 
     p = sub.add_parser("chat", help="an agent conversation in the terminal (/help inside)")
     common(p)
-    p.set_defaults(func=cmd_chat)
+    p.set_defaults(func=guarded("chat", cmd_chat))
+
+    p = sub.add_parser("models", help="the catalog's models: name, provider, context window, aliases")
+    config_option(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per model")
+    p.set_defaults(func=guarded("models", cmd_models))
+
+    p = sub.add_parser("config", help="check the config file in use; --explain lists every option")
+    config_option(p)
+    p.add_argument("--explain", action="store_true", help="every provider and model option, with defaults")
+    p.set_defaults(func=guarded("config", cmd_config))
 
     p = sub.add_parser("checkpoints", help="list, diff or restore the checkpoints of a working tree")
     p.add_argument("action", choices=("list", "diff", "restore"))
@@ -868,4 +1218,4 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--data-dir", help="where the shadow repositories are (default ~/.local/share/kbus)")
     p.add_argument("--session", help="only this checkpoint session")
     p.add_argument("--max-bytes", type=int, default=1_000_000, help="diff: print at most this much")
-    p.set_defaults(func=cmd_checkpoints)
+    p.set_defaults(func=guarded("checkpoints", cmd_checkpoints))

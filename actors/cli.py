@@ -206,9 +206,19 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- main
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kbus")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kbus", description="kbus: an actor message bus for LLM agents")
     ap.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    ap.add_argument("--version", action="version", version=f"kbus {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("node", help="run a node with the actors its config names, until SIGINT/SIGTERM")
@@ -245,7 +255,19 @@ def parser() -> argparse.ArgumentParser:
     from actors.agent_cli import add_parsers
 
     add_parsers(sub)  # run, chat: the main job
+    _verbose_everywhere(sub)
     return ap
+
+
+def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``-v`` after the subcommand too (``kbus run -v``); SUPPRESS keeps one given before it."""
+    for p in sub.choices.values():
+        p.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+        )
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _verbose_everywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,10 +20,14 @@ them; a config without ``[models]`` gets the built-in models of ``DEFAULT_CATALO
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -209,6 +213,76 @@ def _check_no_secrets(options: Mapping[str, object], source: str, key: str) -> N
                     _check_no_secrets(item, source, f"{here}[{i}]")
 
 
+# Where each kind's client is; its constructor's keyword parameters are the options a [providers.*] table
+# may set (minus what the Router itself passes), so the list can never drift from the code.
+_PROVIDER_CLASSES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "local": ("actors.router.providers.local", "LocalProvider"),
+        "openai": ("actors.router.providers.openai_compat", "OpenAIProvider"),
+        "codex": ("actors.router.providers.codex", "CodexProvider"),
+    }
+)
+_NOT_OPTIONS = frozenset({"self", "api_key", "sleep"})  # given by the Router, never by a config file
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOption:
+    """One option of a provider kind: its name and its default as Python writes it ('' if required)."""
+
+    name: str
+    default: str
+
+
+@cache
+def provider_options(kind: str) -> tuple[ProviderOption, ...]:
+    """Every option a ``[providers.*]`` table of ``kind`` may set (besides ``kind``), from the client's own
+    constructor; ``api_key_env`` for openai (the Router reads the key from that variable)."""
+    if kind == "scripted":
+        return (ProviderOption("scripts", "()"), ProviderOption("default", "None"))
+    if kind not in _PROVIDER_CLASSES:
+        return ()
+    module, name = _PROVIDER_CLASSES[kind]
+    cls = getattr(importlib.import_module(module), name)
+    found = [
+        ProviderOption(p.name, "" if p.default is inspect.Parameter.empty else repr(p.default))
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name not in _NOT_OPTIONS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if kind == "openai":
+        found.append(ProviderOption("api_key_env", "None"))
+    return tuple(found)
+
+
+def model_options() -> tuple[ProviderOption, ...]:
+    """Every key a ``[models.*]`` table may set, with its default ('' if required)."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(_ModelTable):
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = ""
+        out.append(ProviderOption(f.name, default))
+    return tuple(out)
+
+
+def _check_options(kind: str, options: Mapping[str, object], source: str, key: str) -> None:
+    known = [o.name for o in provider_options(kind)]
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                source,
+                _child(key, str(name)),
+                f"an option of a provider of kind {kind} ({', '.join(sorted(known))}{hint})",
+                "an unknown option",
+            )
+
+
 def _provider_from_table(name: str, table: object, source: str) -> ProviderEntry:
     key = _child("providers", name)
     if not _PROVIDER_NAME.fullmatch(name):
@@ -218,6 +292,7 @@ def _provider_from_table(name: str, table: object, source: str) -> ProviderEntry
     options = {k: v for k, v in table.items() if k != "kind"}
     _check_no_secrets(options, source, key)
     kind = build(_ProviderTable, {k: v for k, v in table.items() if k == "kind"}, source=source, key=key).kind
+    _check_options(kind, options, source, key)
     return ProviderEntry(name=name, kind=kind, options=MappingProxyType(options))
 
 

@@ -8,6 +8,7 @@ and the bad-input exits. Every process is ended by its PID in a finaliser.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -81,19 +82,18 @@ def test_kbus_run_on_the_embedded_model_calls_the_calculator_and_answers(
     code, out, err = finish(proc, timeout=280)
     assert code == 0, out + err
     assert "Traceback" not in err
-    lines = out.splitlines()
+    lines = err.splitlines()  # tool lines and the [done] line: stderr; the answer alone: stdout
     calls = [i for i, line in enumerate(lines) if line.startswith("[tool call] calculate ")]
-    assert calls, out
+    assert calls, err
     results = [i for i, line in enumerate(lines) if line.startswith("[tool result] calculate: ")]
-    assert results and results[0] > calls[0], out
+    assert results and results[0] > calls[0], err
     assert "= 7006652" in lines[results[0]]  # the tool really ran on the model's arguments
     done = [i for i, line in enumerate(lines) if line.startswith("[done] ")]
-    assert len(done) == 1, out
-    answer = "\n".join(lines[results[-1] + 1 : done[0]]).strip()
-    assert answer, f"no answer after the tool result:\n{out}"
+    assert len(done) == 1 and done[0] > results[-1], err
+    assert out.strip(), f"no answer after the tool result:\n{out}{err}"
+    assert "[tool" not in out and "[done]" not in out
     assert "1 tool call" in lines[done[0]]
     assert re.search(r"receipts: rcpt-[0-9a-f-]+", lines[done[0]]), lines[done[0]]
-    assert "loading smollm2" in err  # the progress line (stderr is not a tty here)
 
 
 class Pty:
@@ -278,11 +278,11 @@ scripts = [[{ call = { name = "shout", arguments = { text = "hello" } }, id = "c
     )
     code, out, err = finish(proc)
     assert code == 0, out + err
-    assert '[tool call] shout {"text": "hello"}' in out
-    assert "[tool result] shout: HELLO" in out
-    assert "Done." in out
-    shown = re.findall(r"receipts: (rcpt-[0-9a-f-]+)$", out, re.MULTILINE)
-    assert len(shown) == 1, out
+    assert '[tool call] shout {"text": "hello"}' in err
+    assert "[tool result] shout: HELLO" in err
+    assert out == "Done.\n"
+    shown = re.findall(r"receipts: (rcpt-[0-9a-f-]+)$", err, re.MULTILINE)
+    assert len(shown) == 1, err
     assert node.stop() == 0
     # The node's Router served the turn and filed the receipt this process showed.
     with closing(sqlite3.connect(ipc_dir / "data" / "receipts.sqlite3")) as db:
@@ -330,7 +330,8 @@ type = "router"
     )
     code, out, err = finish(proc)
     assert code == 0, out + err
-    assert out.startswith("ok\n[done] stop"), out  # the scripted model's default answer
+    assert out == "ok\n", out  # the scripted model's default answer
+    assert err.startswith("[done] stop"), err
 
 
 @pytest.mark.parametrize(
@@ -341,10 +342,11 @@ type = "router"
         (["--tools", "no_such_module_kbus:f"], 2, "cannot import no_such_module_kbus"),
         (["--tools", "os.path:no_such_function"], 2, "has no 'no_such_function'"),
         (["--tools", "os:sep"], 2, "is not a function"),
-        (["--config", "/nonexistent/kbus.toml"], 2, "--config /nonexistent/kbus.toml"),
+        (["--config", "/nonexistent/kbus.toml"], 2, "/nonexistent/kbus.toml: No such file"),
         (["--connect", "ipc:///tmp/kb-none/none.sock"], 2, "--connect needs --node"),
         (["--connect", "http://x", "--node", "n1"], 2, "expected ipc://PATH or tcp://HOST:PORT"),
         (["--max-steps", "0"], 2, "--max-steps must be at least 1"),
+        (["--connect", "tcp://127.0.0.1:9", "--node", "n1"], 2, "tcp is CURVE-encrypted: give --server-key"),
         (["--workdir", "/nonexistent/kbus"], 2, "--workdir"),
         (["--", " "], 2, "the prompt is empty"),
     ],
@@ -395,3 +397,306 @@ def test_kbus_chat_continues_a_turn_the_session_file_shows_interrupted(
     restored = read_journal(session)
     assert restored.interrupted is None
     assert [m.content for m in restored.transcript][-2:] == ["6 * 7 = 42", "It is 42."]
+
+
+# --- a real OpenAI-compatible server ------------------------------------------------------------------
+
+SECRET_TOOL = '''
+def secret_word() -> str:
+    """The secret word of the day."""
+    return "pelican"
+'''
+
+
+def test_kbus_run_against_a_real_llama_cpp_server_with_the_default_tool_choice(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    """``kbus run --config`` with an openai provider on a real ``llama_cpp.server`` (127.0.0.1) and the
+    default ``tool_choice`` ("auto"), which that server cannot stream: a tool call, its result, an answer."""
+    from peers.llama_server import API_KEY, start_llama_server
+
+    (tmp_path / "word.py").write_text(SECRET_TOOL)
+    server = start_llama_server()
+    try:
+        config = tmp_path / "lab.toml"
+        config.write_text(
+            f"""
+[providers.lab]
+kind = "openai"
+base_url = "{server.base_url}"
+api_key_env = "LAB_API_KEY"
+tool_choice_after_call = "none"   # the 135M model must answer after a result
+max_output_tokens = 96
+temperature = 0.0
+seed = 7
+
+[models.lab]
+provider = "lab"
+provider_model = "smollm2"
+context_window = 2048
+max_input_tokens = 1536
+"""
+        )
+        proc = kbus_process(
+            "run",
+            "What is the secret word? Use the secret_word tool.",
+            "--config",
+            str(config),
+            "-m",
+            "lab",
+            "--tools",
+            f"{tmp_path / 'word.py'}:secret_word",
+            "--system",
+            "Tools: secret_word (no arguments). To use one, call call_ktool with name set to secret_word "
+            "and arguments set to an empty object.",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--workdir",
+            str(tmp_path),
+            env={**os.environ, "LAB_API_KEY": API_KEY},
+        )
+        code, out, err = finish(proc, timeout=280)
+    finally:
+        server.kill()
+    assert code == 0, out + err
+    assert "Traceback" not in err and API_KEY not in out + err
+    lines = err.splitlines()
+    calls = [i for i, line in enumerate(lines) if line.startswith("[tool call] ")]
+    results = [i for i, line in enumerate(lines) if line.startswith(("[tool result] ", "[tool error] "))]
+    done = [i for i, line in enumerate(lines) if line.startswith("[done] stop")]
+    assert calls and results and done, err
+    assert calls[0] < results[0] < done[0], err
+    assert out.strip(), f"no final answer:\n{err}"
+    # The request made whole reported its usage: the receipts' tokens are known.
+    assert "tokens in " in lines[done[0]] and "receipts: rcpt-" in lines[done[0]], lines[done[0]]
+
+
+# --- one line per failure -----------------------------------------------------------------------------
+
+LAB = """
+[providers.lab]
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+{extra}
+[models.lab]
+provider = "lab"
+provider_model = "m"
+context_window = 2048
+max_input_tokens = 1536
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            LAB.format(port=9, extra="max_tokens = 50"),
+            "providers.lab.max_tokens: expected an option of a provider of kind openai (",
+        ),
+        (
+            LAB.format(port=9, extra='api_key_env = "KBUS_TEST_UNSET_KEY"'),
+            "providers.lab.api_key_env: the environment variable KBUS_TEST_UNSET_KEY is not set",
+        ),
+        (
+            LAB.format(port=9, extra="").replace("[providers.lab]", "[provider.lab]"),
+            "[provider]: unknown table",
+        ),
+        (LAB.format(port=9, extra="").replace("[models.lab]", "[model.lab]"), "did you mean [models]?"),
+        ('[models.lab]\nprovider = "local"\n', "models.lab.provider_model: expected"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_a_bad_config_is_one_line_and_exit_2_before_anything_starts(
+    kbus_process: Start, tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "KBUS_TEST_UNSET_KEY"}
+    proc = kbus_process(
+        "run", "hi", "--config", str(config), "-m", "lab", "--data-dir", str(tmp_path / "d"), env=env
+    )
+    code, out, err = finish(proc)
+    assert code == 2, out + err
+    assert err.count("\n") == 1 and err.startswith(f"kbus run: {config}"), err
+    assert message in err, err
+    assert not (tmp_path / "d").exists()  # nothing started: no receipt ledger made
+
+
+def test_an_unreachable_model_server_is_one_line_and_exit_3(kbus_process: Start, tmp_path: Path) -> None:
+    """No traceback and no WARNING with the receipt (that is -v's); the receipt is still on file."""
+    from peers.llama_server import free_port
+
+    config = tmp_path / "lab.toml"
+    config.write_text(LAB.format(port=free_port(), extra="max_attempts = 1"))
+    proc = kbus_process("run", "hi", "--config", str(config), "-m", "lab", "--data-dir", str(tmp_path))
+    code, out, err = finish(proc)
+    assert code == 3, out + err
+    assert err.count("\n") == 1, err
+    assert err.startswith("kbus run: the turn failed: ") and "APIConnectionError" in err, err
+    assert "UsageReceipt" not in err and out == ""
+    with closing(sqlite3.connect(tmp_path / "receipts.sqlite3")) as db:
+        assert db.execute("SELECT status FROM receipts").fetchall() == [("unavailable",)]
+
+
+def test_a_prompt_over_the_bus_limit_is_refused_naming_the_limit(kbus_process: Start, tmp_path: Path) -> None:
+    proc = kbus_process("run", "-m", "scripted", "--data-dir", str(tmp_path / "d"), stdin=subprocess.PIPE)
+    out, err = proc.communicate("x" * (1 << 20), timeout=60)
+    assert proc.returncode == 2, out + err
+    assert err.count("\n") == 1 and "transport.codec.MAX_BODY_BYTES" in err and "1048576" in err, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_prompt_over_the_models_window_is_refused_naming_the_setting(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    proc = kbus_process("run", "-m", "scripted", "--data-dir", str(tmp_path), stdin=subprocess.PIPE)
+    out, err = proc.communicate("word " * 30_000, timeout=60)
+    assert proc.returncode == 2, out + err
+    assert err.count("\n") == 1, err
+    assert "model scripted takes at most 30000 (max_input_tokens of [models.scripted])" in err, err
+
+
+def test_session_refuses_a_file_that_is_not_a_journal_and_leaves_it_alone(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    proc = kbus_process("run", "hi", "-m", "scripted", "--session", str(notes), "--data-dir", str(tmp_path))
+    code, out, err = finish(proc)
+    assert code == 2, out + err
+    assert (
+        err == f"kbus run: --session {notes}: not a kbus session file (its first line is no journal record)\n"
+    )
+    assert notes.read_text() == "my notes\n"
+
+
+# --- CLI conventions ----------------------------------------------------------------------------------
+
+
+def run_scripted(
+    kbus_process: Start, tmp_path: Path, *args: str, stdin: str | None = None
+) -> tuple[int, str, str]:
+    config = tmp_path / "scripted.toml"
+    config.write_text(SCRIPTED)
+    base = ["--config", str(config), "-m", "scripted", "--data-dir", str(tmp_path / "data")]
+    proc = kbus_process("run", *args, *base, stdin=subprocess.PIPE)
+    out, err = proc.communicate(stdin, timeout=60)
+    return proc.returncode, out, err
+
+
+def test_stdout_holds_the_answer_alone(kbus_process: Start, tmp_path: Path) -> None:
+    code, out, err = run_scripted(kbus_process, tmp_path, "what is 6 * 7?", "-v")  # -v after the command
+    assert code == 0, out + err
+    assert out == "The answer is 42.\n"
+    assert "[tool call] calculate" in err and "[tool result] calculate: 6 * 7 = 42" in err
+    assert re.search(r"^\[done\] stop · 1 tool call · tokens unknown · receipts: rcpt-", err, re.M), err
+
+
+@pytest.mark.parametrize("args", [[], ["-"]])
+def test_the_prompt_comes_from_stdin(kbus_process: Start, tmp_path: Path, args: list[str]) -> None:
+    from actors.conversation import read_journal
+
+    session = tmp_path / "s.jsonl"
+    prompt = "a prompt\nof two lines\n"
+    code, out, err = run_scripted(
+        kbus_process, tmp_path, *args, "-q", "--session", str(session), stdin=prompt
+    )
+    assert code == 0, out + err
+    assert out == "The answer is 42.\n" and err == ""  # -q: the answer alone, nothing on stderr
+    assert read_journal(session).transcript[0].content == prompt
+
+
+def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) -> None:
+    code, out, err = run_scripted(kbus_process, tmp_path, "what is 6 * 7?", "--json")
+    assert code == 0, out + err
+    events = [json.loads(line) for line in out.splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["tool_call", "tool_result"] and kinds[-1] == "done"
+    assert set(kinds[2:-1]) == {"text"}
+    call, result, done = events[0], events[1], events[-1]
+    assert call["name"] == "calculate" and json.loads(call["arguments"]) == {"expression": "6 * 7"}
+    assert result == {
+        "type": "tool_result",
+        "call_id": call["call_id"],
+        "name": "calculate",
+        "ok": True,
+        "text": "6 * 7 = 42",
+    }
+    assert "".join(e["text"] for e in events[2:-1]) == "The answer is 42."
+    assert done["finish_reason"] == "stop" and done["tool_calls"] == 1 and done["usage"] is None
+    assert len(done["receipts"]) == 1 and done["receipts"][0].startswith("rcpt-")  # one provider turn
+    assert "[tool" not in err and "[done]" not in err
+
+
+def test_config_is_found_at_kbus_config_then_xdg_config_home(kbus_process: Start, tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    (xdg / "kbus").mkdir(parents=True)
+
+    def catalog(answer: str) -> str:
+        return (
+            f'[providers.s]\nkind = "scripted"\ndefault = [{{ text = "{answer}" }}]\n'
+            '[models.mine]\nprovider = "s"\nprovider_model = "s"\ncontext_window = 100\n'
+            "max_input_tokens = 50\n"
+        )
+
+    (xdg / "kbus" / "config.toml").write_text(catalog("from xdg"))
+    (tmp_path / "env.toml").write_text(catalog("from KBUS_CONFIG"))
+    (tmp_path / "arg.toml").write_text(catalog("from --config"))
+    env = {k: v for k, v in os.environ.items() if k != "KBUS_CONFIG"}
+    env["XDG_CONFIG_HOME"] = str(xdg)
+    data = ["--data-dir", str(tmp_path / "data")]
+
+    def answer(*args: str, **extra: str) -> str:
+        code, out, err = finish(
+            kbus_process("run", "hi", "-q", "-m", "mine", *data, *args, env={**env, **extra})
+        )
+        assert code == 0, out + err
+        return out.strip()
+
+    assert answer() == "from xdg"
+    assert answer(KBUS_CONFIG=str(tmp_path / "env.toml")) == "from KBUS_CONFIG"
+    assert (
+        answer("--config", str(tmp_path / "arg.toml"), KBUS_CONFIG=str(tmp_path / "env.toml"))
+        == "from --config"
+    )
+    code, out, err = finish(kbus_process("models", env=env))
+    assert code == 0, out + err
+    assert re.search(r"^mine\s+s \(scripted\)\s+100\s*$", out, re.M), out
+
+
+def test_version_and_config_explain(kbus_process: Start) -> None:
+    code, out, err = finish(kbus_process("--version"))
+    assert code == 0 and re.fullmatch(r"kbus \d+\.\d+\.\d+\n", out), out + err
+    code, out, err = finish(kbus_process("config", "--explain"))
+    assert code == 0, out + err
+    assert "[providers.NAME] kind = 'openai'" in out and "  stream_tools = 'auto'" in out
+    assert "  base_url (required)" in out and "  api_key_env = None" in out
+    assert "[models.NAME]" in out and "  context_window (required)" in out
+
+
+def test_two_ctrl_c_within_two_seconds_quit_even_between_turns(kbus_process: Start, tmp_path: Path) -> None:
+    """The first Ctrl-C at the prompt (or one whose turn ended at once) and a second soon after: quit."""
+    controller, terminal = os.openpty()
+    try:
+        proc = kbus_process(
+            "chat",
+            "-m",
+            "scripted",
+            "--data-dir",
+            str(tmp_path),
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+    finally:
+        os.close(terminal)
+    pty = Pty(controller)
+    try:
+        pty.expect("you> ")
+        os.kill(proc.pid, signal.SIGINT)
+        pty.expect("you> ")
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130, pty.seen
+    finally:
+        os.close(controller)
+    assert "Traceback" not in pty.seen

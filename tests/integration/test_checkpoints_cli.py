@@ -74,7 +74,7 @@ def test_kbus_run_saves_checkpoints_and_kbus_checkpoints_lists_diffs_and_restore
     )  # fmt: skip
     assert code == 0, out + err
     assert "checkpoints on (session cli1)" in err
-    assert "[tool result] run_command: exit code 0" in out
+    assert "[tool result] run_command: exit code 0" in err  # tool lines: stderr
     assert (work / "made.txt").read_text() == "made\n" and not (work / "old.txt").exists()
 
     code, out, err = kbus("checkpoints", "list", *common)

@@ -30,7 +30,7 @@ from actors.router.providers.base import (
     TurnRequest,
     UsageUpdate,
 )
-from actors.router.providers.local import LocalProvider, default_model_path
+from actors.router.providers.local import LocalProvider, call_schema, default_model_path, offered_tools
 from actors.types import CALL_KTOOL, AgentProvider, ResolvedAgentModel, ToolResult
 
 pytestmark = pytest.mark.integration
@@ -255,3 +255,52 @@ def test_missing_model_file_fails_the_turn(tmp_path: Path) -> None:
 def test_options_are_checked_when_built() -> None:
     with pytest.raises(ValueError, match="tool_choice"):
         LocalProvider(tool_choice={"type": "nonsense"})
+
+
+# --- the call constrained to the turn's tools ---------------------------------------------------------
+
+OFFERED = ToolSpec(
+    CALL_KTOOL,
+    'Run one application tool. Call with {"name": <tool name>, "arguments": {<the tool\'s arguments>}}.\n'
+    "Available tools:\n"
+    "- weather(city: string): The weather in a city.\n"
+    "- add(a: integer, b: integer): The sum of two numbers.",
+    TOOL.parameters,
+)
+
+
+def test_the_turns_tools_are_read_from_the_call_ktool_description() -> None:
+    assert offered_tools(OFFERED.description) == (
+        ("weather", (("city", "string"),)),
+        ("add", (("a", "integer"), ("b", "integer"))),
+    )
+    assert offered_tools(TOOL.description) == ()
+    assert call_schema(TOOL) == TOOL.parameters  # no list: the schema as it is
+    names = [alt["properties"]["name"]["const"] for alt in call_schema(OFFERED)["oneOf"]]
+    assert names == ["weather", "add"]
+
+
+@pytest.mark.parametrize(
+    "prompt", ["What is the weather in Paris?", "Add 2 and 3.", "Tell me about the moon.", "Run ls."]
+)
+def test_a_call_names_only_an_offered_tool_with_exactly_its_arguments(
+    provider: LocalProvider, prompt: str
+) -> None:
+    """Whatever the prompt, a forced call is one of the turn's tools with that tool's arguments, typed."""
+    io = RecordingTurnIO(results=lambda call_id: ToolResult(success=True, output="done"))
+    req = TurnRequest(
+        model=MODEL,
+        messages=(ChatMessage("system", "You are helpful."), ChatMessage("user", prompt)),
+        tool=OFFERED,
+        max_output_tokens=64,
+        options={**GREEDY, "tool_choice": "required", "tool_choice_after_call": "none"},
+    )
+    outcome = run_bounded(provider, req, io)
+    assert isinstance(outcome, ProviderOutcome), outcome
+    (call,) = [e.call for e in io.of(ToolCallRequested)]
+    parsed = json.loads(call.arguments)
+    kinds = {"weather": {"city": str}, "add": {"a": int, "b": int}}
+    assert parsed["name"] in kinds, parsed
+    args = parsed["arguments"]
+    assert set(args) == set(kinds[parsed["name"]]), parsed
+    assert all(type(args[k]) is t for k, t in kinds[parsed["name"]].items()), parsed

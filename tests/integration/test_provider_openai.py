@@ -120,7 +120,7 @@ def provider_for(base_url: str, sleeps: list[float], **kwargs: Any) -> OpenAIPro
 @dataclass
 class Reply:
     status: int = 200
-    body: Any = None  # JSON body for an error status
+    body: Any = None  # JSON body: for an error status, or a whole (not streamed) 200 answer
     chunks: list[dict[str, Any]] = field(default_factory=list)  # SSE data events for 200
 
 
@@ -139,7 +139,7 @@ class ScriptedServer:
                 outer.requests.append(json.loads(self.rfile.read(length)))
                 outer.headers.append({k.lower(): v for k, v in self.headers.items()})
                 reply = outer.replies.get(timeout=5)
-                if reply.status != 200:
+                if reply.status != 200 or reply.body is not None:
                     data = json.dumps(reply.body).encode()
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
@@ -271,6 +271,48 @@ def test_tool_call_then_final_answer(llama_server: LlamaServer, sleeps: list[flo
     assert sleeps == []
 
 
+def test_default_tool_choice_against_llama_cpp_is_sent_whole_and_remembered(
+    llama_server: LlamaServer, sleeps: list[float]
+) -> None:
+    """llama.cpp cannot stream an "auto" tool choice (its stream is empty): the provider asks again without
+    streaming, emits the usual events, and sends the next turn's tool requests whole from the start."""
+    provider = provider_for(llama_server.base_url, sleeps)
+    system = (
+        "You are an assistant with one tool, call_ktool. To look up the weather, call call_ktool with "
+        'exactly {"name": "weather", "arguments": {"city": "<the city>"}}.'
+    )
+    for _ in range(2):
+        io = RecordingTurnIO()
+        outcome = run(
+            provider,
+            request("What is the weather in Paris?", system=system, tool_choice_after_call="none"),
+            io,
+        )
+        assert isinstance(outcome, ProviderOutcome), outcome
+        (call,) = [e.call for e in io.of(ToolCallRequested)]
+        assert call.call_id and call.name == CALL_KTOOL
+        assert isinstance(json.loads(call.arguments), dict)
+        assert io.waited == [call.call_id]
+        # The request made whole reports the usage a llama.cpp stream never sends.
+        assert io.of(UsageUpdate)
+        assert outcome.answer.strip() and outcome.answer == "".join(e.text for e in io.of(TextDelta))
+    assert provider._streams_tools is False
+    assert sleeps == []
+
+
+def test_server_errors_carry_the_servers_message_and_status(
+    llama_server: LlamaServer, sleeps: list[float]
+) -> None:
+    provider = provider_for(llama_server.base_url, sleeps)
+    outcome = run(provider, request("hi", tool_choice="no_such_tool"), RecordingTurnIO())
+
+    assert isinstance(outcome, ProviderError), outcome
+    assert outcome.kind == "failed"
+    assert outcome.message == (
+        "the server answered HTTP 500: Tool with name 'no_such_tool' not found in tools"
+    )
+
+
 def test_server_killed_mid_stream_is_unavailable_and_not_retried(
     own_llama_server: Callable[[], LlamaServer], sleeps: list[float]
 ) -> None:
@@ -400,6 +442,100 @@ def test_usage_from_the_final_chunk_accumulates_over_the_turn(
     assert follow_up["messages"][-2]["tool_calls"][0]["id"] == "call_A1"
     assert follow_up["messages"][-1] == {"role": "tool", "tool_call_id": "call_A1", "content": "-3 C, clear"}
     assert scripted.headers[0]["authorization"] == f"Bearer {API_KEY}"
+
+
+def whole_reply(text: str | None, *calls: tuple[str, str], usage: Any = None) -> Reply:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function", "function": {"name": CALL_KTOOL, "arguments": args}}
+            for cid, args in calls
+        ]
+    return Reply(
+        body={
+            "id": "chatcmpl-2",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if calls else "stop",
+                }
+            ],
+            "usage": usage,
+        }
+    )
+
+
+CALL_ARGS = '{"name": "weather", "arguments": {"city": "Oslo"}}'
+
+
+def test_an_empty_stream_for_a_tool_request_is_asked_again_whole_and_remembered(
+    scripted: ScriptedServer, sleeps: list[float]
+) -> None:
+    scripted.replies.put(Reply(chunks=[]))  # what llama.cpp sends when it cannot stream the choice
+    scripted.replies.put(whole_reply(None, ("call_W1", CALL_ARGS), usage=usage_json(50, 9, 0, 0)))
+    scripted.replies.put(whole_reply("Cold.", usage=usage_json(70, 2, 0, 0)))
+    scripted.replies.put(whole_reply("Again cold."))  # the next turn: whole from the start
+    io = RecordingTurnIO(results=lambda call_id: ToolResult(success=True, output="-3 C"))
+    provider = provider_for(scripted.base_url, sleeps)
+
+    outcome = run(provider, request("Weather in Oslo?"), io)
+
+    assert isinstance(outcome, ProviderOutcome), outcome
+    assert outcome.answer == "Cold."
+    assert [e.call.call_id for e in io.of(ToolCallRequested)] == ["call_W1"]
+    assert [e.text for e in io.of(TextDelta)] == ["Cold."]
+    assert outcome.usage is not None and outcome.usage.input_tokens == 120
+    assert [type(e) for e in io.events] == [
+        Submitted,
+        UsageUpdate,
+        ToolCallRequested,
+        Submitted,
+        TextDelta,
+        UsageUpdate,
+    ]
+    second = run(provider, request("And now?"), RecordingTurnIO())
+    assert isinstance(second, ProviderOutcome) and second.answer == "Again cold."
+    assert [r.get("stream") for r in scripted.requests] == [True, False, False, False]
+    assert scripted.headers[0]["connection"] == "close"  # the probe's connection is not reused
+    # The request made again is the same request, only not streamed.
+    first, again = scripted.requests[:2]
+    assert {k: v for k, v in first.items() if k != "stream_options"} == {**again, "stream": True}
+    assert sleeps == []
+
+
+def test_a_text_request_is_still_streamed_once_tool_requests_are_not(
+    scripted: ScriptedServer, sleeps: list[float]
+) -> None:
+    scripted.replies.put(whole_reply(None, ("call_W1", CALL_ARGS)))
+    scripted.replies.put(text_reply("Cold", "."))
+    io = RecordingTurnIO(results=lambda call_id: ToolResult(success=True, output="-3 C"))
+    provider = provider_for(scripted.base_url, sleeps, stream_tools="never")
+
+    outcome = run(provider, request("Weather?", tool_choice_after_call="none"), io)
+
+    assert isinstance(outcome, ProviderOutcome) and outcome.answer == "Cold.", outcome
+    assert [r.get("stream") for r in scripted.requests] == [False, True]
+    assert [e.text for e in io.of(TextDelta)] == ["Cold", "."]
+
+
+def test_stream_tools_always_reports_an_empty_stream(scripted: ScriptedServer, sleeps: list[float]) -> None:
+    scripted.replies.put(Reply(chunks=[]))
+    provider = provider_for(scripted.base_url, sleeps, stream_tools="always")
+
+    outcome = run(provider, request("hi"), RecordingTurnIO())
+
+    assert isinstance(outcome, ProviderError), outcome
+    assert outcome.kind == "unavailable" and "stream ended" in outcome.message
+    assert len(scripted.requests) == 1
+
+
+def test_stream_tools_must_be_a_known_value() -> None:
+    with pytest.raises(ValueError, match="stream_tools must be one of auto, always, never"):
+        OpenAIProvider("http://127.0.0.1:1/v1", "k", stream_tools="sometimes")
 
 
 def test_429_and_5xx_are_retried_before_the_stream_starts(

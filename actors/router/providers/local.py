@@ -23,7 +23,10 @@ from it) and drives ``Llama.create_completion`` with llama.cpp's grammars, in th
 1. decide (``tool_choice="auto"``): a few grammar-constrained tokens at temperature 0,
    ``functions.call_ktool:`` or ``message:``;
 2a. a call: the arguments under a grammar built from the tool's JSON schema (``LlamaGrammar
-    .from_json_schema``), so they are always JSON; one call per request, its id made here;
+    .from_json_schema``), so they are always JSON; one call per request, its id made here. When the
+    ``call_ktool`` description lists the turn's tools (``describe_tools``' lines), the schema is narrowed
+    to them (``call_schema``): ``name`` one of those tools and ``arguments`` exactly that tool's, typed,
+    strings one line of at most 80 characters, so no call names a tool that does not exist;
 2b. an answer: generated with ``stream=True`` and no grammar from the same prompt, one ``TextDelta`` per
     chunk. (Not after the ``message:`` marker: with it, SmolLM2 began every answer by copying the
     format's ``<message>`` placeholder.)
@@ -46,11 +49,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 # Before llama.cpp (built with OpenMP) loads: its worker threads spin while they wait for each other, and
@@ -457,9 +462,69 @@ def _generate(
     return "".join(text)
 
 
+_TOOL_LINE = re.compile(r"^- ([A-Za-z_][A-Za-z0-9_]*)\(([^)]*)\)", re.MULTILINE)
+_JSON_TYPES = frozenset({"string", "integer", "number", "boolean", "array", "object"})
+
+
+def offered_tools(description: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """The tools a ``call_ktool`` description lists, with their arguments' names and JSON types: the lines
+    ``- name(arg: type, ...): what it does`` that ``actors.conversation.tools.describe_tools`` writes for
+    the turn's tools. Empty for any other description (the schema is then left as it is)."""
+    tools = []
+    for name, args in _TOOL_LINE.findall(description):
+        parsed = []
+        for part in filter(None, (a.strip() for a in args.split(","))):
+            arg, sep, kind = part.partition(":")
+            if not sep or not arg.strip().isidentifier():
+                return ()
+            parsed.append((arg.strip(), kind.strip()))
+        tools.append((name, tuple(parsed)))
+    return tuple(tools)
+
+
+# One line of at most 80 characters: unbounded JSON strings let the 135M model write on (copying the
+# prompt's format text) until the token limit cut the call, leaving JSON that does not parse.
+_STRING: Mapping[str, Any] = MappingProxyType({"type": "string", "pattern": '^[^\\n\\r\\t"\\\\]{1,80}$'})
+
+
+def _argument_schema(kind: str) -> Mapping[str, Any]:
+    if kind == "string":
+        return dict(_STRING)
+    return {"type": kind} if kind in _JSON_TYPES else {}
+
+
+def call_schema(tool: ToolSpec) -> Mapping[str, Any]:
+    """The schema a call's JSON must follow: ``tool.parameters`` narrowed to the turn's tools when the
+    description lists them, ``name`` one of those names and ``arguments`` exactly that tool's arguments,
+    so the grammar cannot produce a tool that does not exist or an argument it does not take."""
+    props = tool.parameters.get("properties", {}) if isinstance(tool.parameters, Mapping) else {}
+    offered = offered_tools(tool.description)
+    if not offered or set(props) != {"name", "arguments"}:
+        return tool.parameters
+    return {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": name},
+                    "arguments": {
+                        "type": "object",
+                        "properties": {a: _argument_schema(t) for a, t in args},
+                        "required": [a for a, _ in args],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, args in offered
+        ]
+    }
+
+
 def _arguments_grammar(tool: ToolSpec) -> LlamaGrammar:
     try:
-        return LlamaGrammar.from_json_schema(json.dumps(dict(tool.parameters)), verbose=False)
+        return LlamaGrammar.from_json_schema(json.dumps(dict(call_schema(tool))), verbose=False)
     except (ValueError, TypeError, KeyError, RecursionError):
         # a schema llama.cpp cannot convert: any JSON object, as its own handler falls back to
         return LlamaGrammar.from_string(JSON_GBNF, verbose=False)

@@ -1,6 +1,6 @@
 """OpenAIProvider: any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp servers).
 
-Through the official ``openai`` SDK, always streaming, with the one ``call_ktool`` tool:
+Through the official ``openai`` SDK, streaming, with the one ``call_ktool`` tool:
 
 - text: one ``TextDelta`` per content delta; the answer is the text of the turn's last request;
 - tool calls: assembled from their deltas by ``index`` (the id from the delta that carries one, the name
@@ -19,16 +19,26 @@ Retries (tenacity, bounded in attempts and total delay, injectable sleep): only 
 before any of its stream has arrived, and only for a refused connection (nothing was sent), HTTP 429 and
 5xx. Once the stream has started nothing is retried: a dropped stream ends the turn.
 
-Errors are ``ProviderError`` with the SDK's exception as ``__cause__``: ``unavailable`` for a connection
-that failed or dropped (refused, reset, server killed, timeout) and for 502/503/504; ``failed`` for every
-other HTTP error (4xx, 500) or an error event in the stream. The API key never appears in a message, a
-repr or a log line: messages are built from the SDK's text with the key masked.
+Requests that offer the tool (any ``tool_choice`` but ``"none"``) are not streamed when the server cannot
+stream a tool choice. ``stream_tools`` says how that is known: ``"auto"`` (the default) streams them until a
+server answers one with an empty stream (no chunk, no finish: llama.cpp's ``chatml-function-calling`` does
+this for ``"auto"``, ``"required"`` and a named tool it has not got, and prints the reason only to its own
+log), then makes that same request again without streaming and remembers, for this provider, to send every
+later one so; ``"never"`` never streams them; ``"always"`` always does (an empty stream is then an error).
+A request made without streaming emits the same events: its text as one ``TextDelta``, its calls, its usage.
 
-Options (constructor defaults, overridden per request by ``TurnRequest.options``): ``tool_choice`` (the
-first request's, default ``"auto"``), ``tool_choice_after_call`` (after a call was made in the turn,
-default ``"auto"``; OpenAI's agents SDK resets it the same way so that a forced call cannot loop),
-``temperature``, ``top_p``, ``seed``, ``max_tokens_param`` (``"max_tokens"`` or ``"max_completion_tokens"``,
-the name ``max_output_tokens`` is sent under) and ``extra_body`` (a JSON object merged into the request).
+Errors are ``ProviderError`` with the SDK's exception as ``__cause__``; the message of an HTTP error is the
+server's own, with its status (``the server answered HTTP 500: Tool with name 'x' not found in tools``).
+``unavailable`` for a connection that failed or dropped (refused, reset, server killed, timeout) and for
+502/503/504; ``failed`` for every other HTTP error (4xx, 500) or an error event in the stream. The API key
+never appears in a message, a repr or a log line: messages are built from the SDK's text with the key masked.
+
+Options (constructor defaults, overridden per request by ``TurnRequest.options``): ``tool_choice`` (the first
+request's, default ``"auto"``), ``tool_choice_after_call`` (after a call was made in the turn, default
+``"auto"``; OpenAI's agents SDK resets it the same way so that a forced call cannot loop), ``stream_tools``
+(above), ``max_output_tokens`` (the limit of a request whose turn sets none), ``temperature``, ``top_p``,
+``seed``, ``max_tokens_param`` (``"max_tokens"`` or ``"max_completion_tokens"``, the name
+``max_output_tokens`` is sent under) and ``extra_body`` (a JSON object merged into the request).
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 from tenacity import (
     Retrying,
@@ -72,6 +82,7 @@ log = logging.getLogger(__name__)
 
 _REQUEST_KEYS = ("temperature", "top_p", "seed")
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
+STREAM_TOOLS = ("auto", "always", "never")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -201,9 +212,24 @@ class OpenAIProvider:
         top_p: float | None = None,
         seed: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        stream_tools: str = "auto",
+        max_output_tokens: int | None = None,
     ) -> None:
         if max_attempts < 1 or max_retry_delay <= 0:
             raise ValueError("retries must be bounded: max_attempts >= 1 and max_retry_delay > 0")
+        if stream_tools not in STREAM_TOOLS:
+            raise ValueError(f"stream_tools must be one of {', '.join(STREAM_TOOLS)}, not {stream_tools!r}")
+        if max_output_tokens is not None and max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be at least 1, not {max_output_tokens}")
+        self._max_output_tokens = max_output_tokens
+        self._stream_tools = stream_tools
+        # Set once a server answered a streamed tool request with an empty stream ("auto"); only ever goes
+        # from True to False (a plain attribute: the turns' worker threads may all read it).
+        self._streams_tools = stream_tools != "never"
+        # Until a streamed tool request has had an answer ("auto"), such a request asks for its own
+        # connection: a server that gives up on the stream closes the connection just after the empty
+        # response, and the request made again at once must not be sent down that closing connection.
+        self._tools_probed = stream_tools != "auto"
         self._base_url = base_url
         self._secret = api_key
         self._client = openai.OpenAI(
@@ -281,23 +307,61 @@ class OpenAIProvider:
             "messages": to_wire(messages),
             "tools": [request.tool.as_openai()],
             "tool_choice": choice,
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
         params.update({k: settings[k] for k in _REQUEST_KEYS if settings.get(k) is not None})
-        if request.max_output_tokens is not None:
-            params[str(settings["max_tokens_param"])] = request.max_output_tokens
+        limit = request.max_output_tokens or self._max_output_tokens
+        if limit is not None:
+            params[str(settings["max_tokens_param"])] = limit
         if request.reasoning_effort is not None:
             params["reasoning_effort"] = request.reasoning_effort
         if settings.get("extra_body"):
             params["extra_body"] = dict(settings["extra_body"])
-        stream = self._open(turn, params)
+        offers_tool = choice != "none"
+        if offers_tool and not self._streams_tools:
+            return self._whole(turn, params)
+        probing = offers_tool and not self._tools_probed
+        streamed = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        if probing:
+            streamed["extra_headers"] = {"Connection": "close"}
+        stream = self._open(turn, streamed)
         try:
-            return self._read(turn, stream)
+            reply = self._read(turn, stream, fallback=offers_tool and self._stream_tools == "auto")
         finally:
             stream.close()  # also on cancellation: closing the connection stops the server generating
+        if reply is not None:
+            if probing and reply.calls:  # a streamed call: this server streams tool choices
+                self._tools_probed = True
+            return reply
+        log.info(
+            "%s answered a streamed tool request with an empty stream: tool requests are sent "
+            "without streaming from now on",
+            _public_url(self._base_url),
+        )
+        self._streams_tools = False
+        return self._whole(turn, params)
 
-    def _open(self, turn: _Turn, params: Mapping[str, Any]) -> openai.Stream[ChatCompletionChunk]:
+    def _whole(self, turn: _Turn, params: Mapping[str, Any]) -> _Reply:
+        """One request without streaming, reported with the events a streamed one emits."""
+        completion = self._open(turn, {**params, "stream": False})
+        assert isinstance(completion, ChatCompletion)
+        turn.check_cancelled()
+        if not completion.choices:
+            raise ProviderError("failed", "the server answered with no choice", started=turn.started)
+        message = completion.choices[0].message
+        text = message.content or ""
+        if text:
+            turn.started = True
+            turn.io.emit(TextDelta(text))
+        calls = tuple(
+            NativeToolCall(c.id or f"call_{uuid.uuid4().hex}", c.function.name, c.function.arguments or "")
+            for c in message.tool_calls or ()
+            if c.type == "function"
+        )
+        turn.started = turn.started or bool(calls)
+        usage = usage_of(completion.usage) if completion.usage is not None else None
+        return _Reply(text, calls, usage)
+
+    def _open(self, turn: _Turn, params: Mapping[str, Any]) -> Any:
         """Send one request; retried only here, before any of its stream has arrived."""
 
         def sleep(seconds: float) -> None:
@@ -328,9 +392,7 @@ class OpenAIProvider:
             reraise=True,
         )
         try:
-            stream: openai.Stream[ChatCompletionChunk] = retrying(
-                self._client.chat.completions.create, **params
-            )
+            answer = retrying(self._client.chat.completions.create, **params)
         except openai.APIStatusError as exc:
             kind = "unavailable" if exc.status_code in _UNAVAILABLE_STATUS else "failed"
             raise ProviderError(kind, self._describe(exc), started=turn.started) from exc
@@ -338,15 +400,20 @@ class OpenAIProvider:
             raise ProviderError("unavailable", self._describe(exc), started=turn.started) from exc
         except openai.OpenAIError as exc:
             raise ProviderError("failed", self._describe(exc), started=turn.started) from exc
-        return stream
+        return answer
 
-    def _read(self, turn: _Turn, stream: openai.Stream[ChatCompletionChunk]) -> _Reply:
+    def _read(
+        self, turn: _Turn, stream: openai.Stream[ChatCompletionChunk], *, fallback: bool = False
+    ) -> _Reply | None:
+        """The streamed reply; None for an empty stream when ``fallback`` (the caller asks again whole)."""
         text: list[str] = []
         pending: dict[int, _PendingCall] = {}
         usage: TokenUsage | None = None
         finished = False
+        chunks = 0
         try:
             for chunk in stream:
+                chunks += 1
                 turn.check_cancelled()
                 if chunk.usage is not None:
                     usage = usage_of(chunk.usage)
@@ -373,6 +440,8 @@ class OpenAIProvider:
         except openai.OpenAIError as exc:  # an error event inside the stream
             raise ProviderError("failed", self._describe(exc), started=turn.started) from exc
         turn.check_cancelled()
+        if chunks == 0 and fallback:
+            return None
         if not finished:
             raise ProviderError(
                 "unavailable", "the stream ended before the model finished its reply", started=turn.started
@@ -392,10 +461,31 @@ class OpenAIProvider:
         """The SDK's text for ``exc`` with the API key masked (a server may echo what it was sent)."""
         if exc is None:
             return "unknown error"
-        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, openai.APIStatusError):
+            said = _server_message(exc.body)
+            message = f"the server answered HTTP {exc.status_code}: {said or '(no message)'}"
+        else:
+            message = f"{type(exc).__name__}: {exc}"
         if self._secret:
             message = message.replace(self._secret, "***")
         return message[:1000]
+
+
+def _server_message(body: object) -> str:
+    """The message in an error body: OpenAI's ``{"error": {"message": ...}}``, ``{"message": ...}``,
+    ``{"detail": ...}`` (FastAPI), or the body's text."""
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping):
+            for key in ("message", "detail"):
+                if isinstance(inner.get(key), str) and inner[key]:
+                    return str(inner[key])
+        elif isinstance(inner, str):
+            return inner
+        if isinstance(body.get("detail"), str):
+            return str(body["detail"])
+        return ""
+    return body.strip() if isinstance(body, str) else ""
 
 
 def _tool_choice(choice: object) -> object:

@@ -17,14 +17,18 @@ from actors.agent_cli import (
     Agent,
     CliError,
     _in_process_settings,
+    check_credentials,
+    check_session_file,
+    find_config,
+    load_catalog,
     load_tool,
     system_prompt,
+    use_colour,
 )
 from actors.builtin_tools import builtin_tools
 from actors.cli import parser
 from actors.conversation import FinishReason, ToolRegistry
 from actors.router.catalog import ModelCatalog
-from config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,15 +64,17 @@ def test_a_tool_module_that_raises_on_import_is_one_line(tmp_path: Path) -> None
         load_tool(f"{tmp_path / 'broken.py'}:f")
 
 
-def test_the_system_prompt_lists_every_tool_with_its_call(tmp_path: Path) -> None:
+def test_the_system_prompt_lists_every_tool_and_no_example_call(tmp_path: Path) -> None:
     registry = ToolRegistry()
     for fn in builtin_tools(tmp_path):
         registry.register(fn)
     prompt = system_prompt(registry.specs())
-    assert 'calculate: Evaluate an arithmetic expression. Call: {"name": "calculate", "arguments": ' in prompt
-    assert '{"expression": "(12 + 30) * 2"}' in prompt  # the example from the parameter's docstring
-    assert '{"name": "read_file", "arguments": {"path": "notes.txt"}}' in prompt
-    assert '{"name": "list_dir", "arguments": {"path": "..."}}' in prompt
+    assert "- calculate(expression): Evaluate an arithmetic expression.\n" in prompt
+    assert "- read_file(path): Return the text of a file in the working directory.\n" in prompt
+    assert "- list_dir(path): List a directory in the working directory, one entry a line.\n" in prompt
+    # Nothing the 135M model could copy into an unrelated call: no call, no example value.
+    for copied in ('"name"', "(12 + 30) * 2", "notes.txt", "{"):
+        assert copied not in prompt
     assert "call_ktool" in prompt
     assert "tool" not in system_prompt(())
 
@@ -94,14 +100,102 @@ def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    ("text", "error"),
-    [("[node\n", CliError), ('[node]\nname = "bad name"\n', ConfigError)],
+    ("text", "message"),
+    [
+        ("[node\n", "not valid TOML"),
+        ('[node]\nname = "bad name"\n', "node.name: expected a node name"),
+        (
+            "[nodes]\n",
+            "[nodes]: unknown table (known: node, security, peers, actors, providers, models; "
+            "did you mean [node]?)",
+        ),
+        (
+            "[settings]\n",
+            "[settings]: unknown table (known: node, security, peers, actors, providers, models)",
+        ),
+    ],
 )
-def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, error: type[Exception]) -> None:
+def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    with pytest.raises(error):
+    with pytest.raises(CliError) as caught:
         _in_process_settings(_args(config=str(config)))
+    assert str(caught.value).startswith(f"{config}: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value) and caught.value.code == 2
+
+
+def test_config_discovery_order(tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    found = xdg / "kbus" / "config.toml"
+    args = argparse.Namespace(config=None)
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg)}) is None  # no such file: the built-in catalog
+    found.parent.mkdir(parents=True)
+    found.write_text("")
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg)}) == found
+    assert find_config(args, {"XDG_CONFIG_HOME": str(xdg), "KBUS_CONFIG": "e.toml"}) == Path("e.toml")
+    given = argparse.Namespace(config="a.toml")
+    assert find_config(given, {"XDG_CONFIG_HOME": str(xdg), "KBUS_CONFIG": "e.toml"}) == Path("a.toml")
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color() -> None:
+    assert use_colour(Tty(), {})
+    assert not use_colour(io.StringIO(), {})
+    assert not use_colour(Tty(), {"NO_COLOR": "1"})
+    assert not use_colour(Tty(), {"TERM": "dumb"})
+
+
+def test_two_ctrl_c_within_two_seconds_quit() -> None:
+    agent = Agent(parser().parse_args(["run", "hi"]), io.StringIO(), io.StringIO())
+    now = [100.0]
+    agent.key_clock = lambda: now[0]
+    assert not agent.second_interrupt()
+    now[0] += 1.9
+    assert agent.second_interrupt()
+    now[0] += 5.0
+    assert not agent.second_interrupt()  # long after: only an interrupt again
+    now[0] += 2.0
+    assert not agent.second_interrupt()  # exactly two seconds: not "within"
+
+
+def test_usage_no_receipt_reported_is_unknown_never_zero() -> None:
+    from actors.conversation.types import ChatTokenUsage
+
+    agent = Agent(parser().parse_args(["run", "hi"]), io.StringIO(), io.StringIO())
+    outcome = argparse.Namespace(finish_reason="stop", steps=0, usage=ChatTokenUsage())
+    unknown = argparse.Namespace(receipt_id="rcpt-1", usage=None)
+    known = argparse.Namespace(receipt_id="rcpt-2", usage=object())
+    assert "· tokens unknown ·" in agent.summary(outcome, [unknown])
+    assert "tokens in 0 out 0 total 0 (unknown for 1 of 2 requests)" in agent.summary(
+        outcome, [unknown, known]
+    )
+    assert "tokens in 0 out 0 total 0 · receipts: rcpt-2" in agent.summary(outcome, [known])
+
+
+@pytest.mark.parametrize(
+    ("content", "ok"),
+    [
+        (None, True),
+        ("", True),
+        ('{"type":"session","format":2}\n', True),
+        ("my notes\n", False),
+        ("[1, 2]\n", False),
+        ('{"no": "type"}\n', False),
+    ],
+)
+def test_only_a_journal_is_taken_as_a_session_file(tmp_path: Path, content: str | None, ok: bool) -> None:
+    path = tmp_path / "s.jsonl"
+    if content is not None:
+        path.write_text(content)
+    if ok:
+        check_session_file(str(path))
+    else:
+        with pytest.raises(CliError, match="not a kbus session file"):
+            check_session_file(str(path))
 
 
 def test_the_demo_runs_the_prompt_the_real_model_test_covers() -> None:
@@ -135,7 +229,7 @@ def test_a_turn_past_its_limit_is_interrupted_not_left_running(tmp_path: Path) -
         agent.stop()
     assert outcome.finish_reason is FinishReason.CANCELLED
     assert "the turn ran past its limit of 130 s; interrupting it" in err.getvalue()
-    assert "[done] cancelled" in out.getvalue()
+    assert "[done] cancelled" in err.getvalue()  # the done line goes to stderr
 
 
 BLOCKING_TOOL = '''
@@ -202,3 +296,19 @@ def test_stopping_with_a_tool_still_running_stops_the_node_without_raising(tmp_p
             agent.node.stop()
         os.close(entered)
         os.close(gate)
+
+
+def test_the_readme_example_config_passes_the_checks(tmp_path: Path) -> None:
+    """The README's example ``[providers]``/``[models]`` tables are a config kbus accepts as written."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### A local OpenAI-compatible server, or codex") :]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)[:1]
+    config = tmp_path / "config.toml"
+    config.write_text(block)
+    catalog = load_catalog(argparse.Namespace(config=str(config)))[0]
+    assert {m.model for m in catalog.models} == {"lab", "gpt"}
+    assert check_credentials(catalog, "l", str(config), {"LAB_API_KEY": "k"}).model == "lab"
+    with pytest.raises(CliError, match=r"providers\.lab\.api_key_env: the environment variable LAB_API_KEY"):
+        check_credentials(catalog, "lab", str(config), {})

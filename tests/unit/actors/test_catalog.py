@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 from typing import Any
 
@@ -15,6 +16,7 @@ from actors.router.catalog import (
     Prices,
     ProviderEntry,
     UnknownModel,
+    provider_options,
 )
 from actors.types import AGENT_TYPES, AgentProvider, ResolvedAgentModel, TokenUsage
 from config.settings import ConfigError, from_mapping
@@ -234,9 +236,9 @@ def test_a_config_without_models_gets_the_default_catalog() -> None:
 
 
 def test_a_config_provider_table_replaces_the_built_in_one_of_that_name() -> None:
-    cat = ModelCatalog.from_mapping({"providers": {"local": {"kind": "local", "device": "cpu"}}})
+    cat = ModelCatalog.from_mapping({"providers": {"local": {"kind": "local", "n_threads": 1}}})
     _, _, provider = cat.resolve("default")
-    assert provider.options == {"device": "cpu"}
+    assert provider.options == {"n_threads": 1}
 
 
 def test_provider_options_are_read_only() -> None:
@@ -417,11 +419,37 @@ def test_api_key_env_must_be_a_variable_name(value: object) -> None:
     assert "sk-live" not in str(err)
 
 
-@pytest.mark.parametrize("option", ["max_tokens", "prompt_cache_key_prefix", "base_url", "timeout_s"])
+@pytest.mark.parametrize("option", ["max_tokens_param", "base_url", "timeout"])
 def test_ordinary_options_pass(option: str) -> None:
     raw = config()
     raw["providers"]["lab"][option] = "x"
     assert catalog(raw).resolve("big")[2].options[option] == "x"
+
+
+@pytest.mark.parametrize(
+    ("option", "hint"),
+    [("max_tokens", "max_tokens_param"), ("prompt_cache_key_prefix", None), ("timeout_s", "timeout")],
+)
+def test_an_unknown_option_is_refused_with_a_did_you_mean(option: str, hint: str | None) -> None:
+    """Not taken for a credential (its name merely contains 'key'), but not passed on either: the client
+    would fail with a TypeError at the first turn."""
+    raw = config()
+    raw["providers"]["lab"][option] = "x"
+    err = config_error(raw)
+    assert err.key == f"providers.lab.{option}" and err.got == "an unknown option"
+    assert err.expected.startswith("an option of a provider of kind openai (")
+    assert "max_output_tokens" in err.expected and "stream_tools" in err.expected
+    assert (f"did you mean {hint!r}?" in err.expected) if hint else ("did you mean" not in err.expected)
+
+
+def test_the_options_listed_are_the_constructors() -> None:
+    from actors.router.providers.openai_compat import OpenAIProvider
+
+    names = {o.name for o in provider_options("openai")}
+    assert names == (set(inspect.signature(OpenAIProvider).parameters) - {"api_key", "sleep"}) | {
+        "api_key_env"
+    }
+    assert {o.name for o in provider_options("scripted")} == {"scripts", "default"}
 
 
 # ------------------------------------------------------------------------------------------------- prices
