@@ -38,10 +38,12 @@ from actors.conversation.kernel import (
     line_of,
     render_input,
 )
+from actors.conversation.loops import LoopsMixin
 from actors.conversation.messages import (
     BindCheckpoints,
     BindSink,
     CancelToken,
+    ClearGoal,
     CloseSession,
     CompactNow,
     CompactPartialAfter,
@@ -52,18 +54,25 @@ from actors.conversation.messages import (
     EnqueueResult,
     EnqueueText,
     ExecuteTool,
+    GetGoal,
     GetStatus,
     GetTranscript,
     HostRestoreCheckpoint,
     ListTools,
     MaybeCompact,
+    RegisterWakeupTool,
     RestoreCheckpoint,
+    RunGoalLoop,
+    RunLoop,
     RunTurn,
     SetEventSink,
+    SetGoal,
     SetInterruptToken,
     SetLlm,
     SetSessionId,
     SetTranscript,
+    SlotSchedule,
+    SlotTake,
     StatusReply,
     ToolList,
     TranscriptReply,
@@ -120,6 +129,8 @@ class _HooksDone:
 # Commands that change the transcript: an interrupted turn is closed before any of them runs.
 CONVERSATION_TRANSCRIPT_COMMANDS = (
     RunTurn,
+    RunGoalLoop,
+    RunLoop,
     EnqueueText,
     MaybeCompact,
     CompactNow,
@@ -131,7 +142,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
 )
 
 
-class ConversationActor(KernelHost):
+class ConversationActor(LoopsMixin, KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
         self._model = config.model
@@ -149,6 +160,7 @@ class ConversationActor(KernelHost):
         self._interrupted: InterruptedTurn | None = None
         self._checkpoints_enabled = False  # CK-01: True once a BindCheckpoints succeeded
         path = config.session_file
+        restored = None
         if path is not None:
             restored = read_journal(path) if config.resume and path.exists() else None
             journal = Journal(path, truncate=not config.resume, sync=config.journal_sync)
@@ -161,6 +173,7 @@ class ConversationActor(KernelHost):
             else:
                 journal.session(self._conversation_id)
             self._journal = journal
+        self._init_loops(restored.loops if restored is not None else None)
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -190,6 +203,12 @@ class ConversationActor(KernelHost):
                 if cancelled:
                     self._cancelled.add(token_id)
                     self._interrupt()
+                    self._wake_interrupted()
+                return None
+            case GetGoal() | SetGoal() | RegisterWakeupTool() | SlotSchedule() | SlotTake():
+                return self._loop_control(message)
+            case ClearGoal():
+                self._clear_goal("cleared")
                 return None
             case WithdrawEnqueued(ticket=ticket):
                 for command in list(self._waiting):
@@ -204,6 +223,8 @@ class ConversationActor(KernelHost):
                 if token_id == self._token and self._run is not None:
                     self._log(logging.INFO, "interrupt requested; stopping the running turn")
                     self._interrupt()
+                if token_id == self._token:
+                    self._wake_interrupted()
                 return None
             # the session loop's host calls and the handle's streamed text
             case TurnTextDelta():
@@ -235,6 +256,8 @@ class ConversationActor(KernelHost):
                 | SetSessionId()
                 | EnableCheckpoints()
                 | RestoreCheckpoint()
+                | RunGoalLoop()
+                | RunLoop()
             ):
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
@@ -254,6 +277,8 @@ class ConversationActor(KernelHost):
     def on_local(self, message: Any) -> Any:
         if isinstance(message, _HooksDone):
             self._done(message.ctx, None)
+            return None
+        if self._loop_local(message):
             return None
         return super().on_local(message)
 
@@ -353,7 +378,18 @@ class ConversationActor(KernelHost):
             case ContinueTurn():
                 self._continue_turn(ctx)
             case RunTurn(text=text) | EnqueueText(text=text):
-                self._start_turn(text, ctx, wrap=isinstance(command.message, EnqueueText))
+                wrap = isinstance(command.message, EnqueueText)
+
+                def answer(result: Any) -> None:
+                    if wrap and isinstance(result, RuntimeOutcome):
+                        result = EnqueueResult(outcome=result)
+                    self._done(ctx, result)
+
+                self._start_turn(text, answer)
+            case RunGoalLoop():
+                self._goal_loop(command.message, ctx)
+            case RunLoop():
+                self._wake_loop(command.message, ctx)
             case MaybeCompact(usage=usage):
                 self._maybe_compact(usage, lambda error: self._done(ctx, error))
             case CompactNow():
@@ -458,7 +494,8 @@ class ConversationActor(KernelHost):
         self.ask(self.config.host, restore, restored, timeout=HOST_TIMEOUT)
 
     # ------------------------------------------------------------------------------------ turns
-    def _start_turn(self, text: str, ctx: Context, *, wrap: bool) -> None:
+    def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None:
+        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step)."""
         index = self._turn_index
         user = Message.user(text)
         user_at = len(self._transcript)
@@ -473,11 +510,6 @@ class ConversationActor(KernelHost):
             span="conversation.turn",
             turn_index=index,
         )
-
-        def answer(result: Any) -> None:
-            if wrap and isinstance(result, RuntimeOutcome):
-                result = EnqueueResult(outcome=result)
-            self._done(ctx, result)
 
         if self._cancel_requested():  # IT-04: the first boundary comes before any model call
             run = KernelRun("turn", "", self._model, "", "", turn_index=index, finish=FinishReason.CANCELLED)
@@ -494,7 +526,7 @@ class ConversationActor(KernelHost):
                 "",
                 self._model,
                 render_input(self.config.system_prompt, self._transcript),
-                describe_tools(specs),
+                describe_tools((*specs, *self._local_specs())),
                 turn_index=index,
                 base=len(self._transcript),
             )
@@ -593,7 +625,7 @@ class ConversationActor(KernelHost):
                 "",
                 self._model,
                 render_input(self.config.system_prompt, self._transcript),
-                describe_tools(specs),
+                describe_tools((*specs, *self._local_specs())),
                 turn_index=it.turn_index,
                 steps=it.steps,
                 base=len(self._transcript),
