@@ -74,6 +74,7 @@ def test_gl01_current_goal_is_a_copy(env: Env) -> None:
     assert rt.current_goal() is None
     rt.set_goal("c", 3)
     goal = rt.current_goal()
+    assert goal is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         goal.turns = 9  # type: ignore[misc]
     changed = dataclasses.replace(goal, turns=9)
