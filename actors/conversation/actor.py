@@ -28,6 +28,7 @@ import pykka
 
 from actors.base import DEFER, Context
 from actors.conversation import compaction
+from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
     HOST_TIMEOUT,
@@ -58,8 +59,10 @@ from actors.conversation.messages import (
     GetStatus,
     GetTranscript,
     HostRestoreCheckpoint,
+    JobDone,
     ListTools,
     MaybeCompact,
+    RegisterJobTools,
     RegisterWakeupTool,
     RestoreCheckpoint,
     RunGoalLoop,
@@ -142,7 +145,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
 )
 
 
-class ConversationActor(LoopsMixin, KernelHost):
+class ConversationActor(JobsMixin, LoopsMixin, KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
         self._model = config.model
@@ -174,6 +177,7 @@ class ConversationActor(LoopsMixin, KernelHost):
                 journal.session(self._conversation_id)
             self._journal = journal
         self._init_loops(restored.loops if restored is not None else None)
+        self._init_jobs(restored.loops if restored is not None else None)
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -209,6 +213,14 @@ class ConversationActor(LoopsMixin, KernelHost):
                 return self._loop_control(message)
             case ClearGoal():
                 self._clear_goal("cleared")
+                return None
+            case RegisterJobTools():
+                if message.output_cap < 1 or message.timeout_s <= 0:
+                    raise ConversationError("register_job_tools needs output_cap >= 1 and timeout_s > 0")
+                self._job_tools = message
+                return None
+            case JobDone(job=job):
+                self._job_done(job)
                 return None
             case WithdrawEnqueued(ticket=ticket):
                 for command in list(self._waiting):
@@ -273,6 +285,7 @@ class ConversationActor(LoopsMixin, KernelHost):
                     self._log(logging.WARNING, "binding the tools to the event sink failed: %r", reply.error)
 
             self.ask(self.config.host, BindSink(address=self._sink), bound, timeout=HOST_TIMEOUT)
+        self._reconcile_jobs()
 
     def on_local(self, message: Any) -> Any:
         if isinstance(message, _HooksDone):
@@ -445,6 +458,16 @@ class ConversationActor(LoopsMixin, KernelHost):
             self._done(ctx, None)
             return
         self._closed = True
+        for slot in list(self._slots):  # closing cancels pending wakeups
+
+            def cancelled(journal: Journal, slot: str = slot) -> None:
+                journal.loop_record("wakeup_cancelled", slot=slot, reason="closed")
+
+            self._write("a wakeup's cancel", cancelled)
+            del self._slots[slot]
+        self._stop_jobs(lambda: self._close_hooks(last, ctx))  # closing ends the jobs' process groups
+
+    def _close_hooks(self, last: RuntimeOutcome | None, ctx: Context) -> None:
         event = SessionEnd(session_id=self._session_id, last_outcome=last)
         hooks = self.config.hooks
         self._log(logging.INFO, "session end (%d hook(s))", len(hooks))

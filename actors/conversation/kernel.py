@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_input"]
 
+LocalResult = ToolExecution | Callable[[Callable[[ToolExecution], None]], None] | None
 RUN_TIMEOUT = 24 * 3600.0  # one run_session; the callers' own deadlines bound their waits
 HOST_TIMEOUT = 3600.0
 SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
@@ -175,8 +176,9 @@ class KernelHost(BusActor):
     def _cancel_requested(self) -> bool:
         raise NotImplementedError
 
-    def _local_tool(self, name: str, arguments: dict[str, Any]) -> ToolExecution | None:
-        """A tool the conversation actor runs itself (``schedule_wakeup``), or None: the tool host's."""
+    def _local_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
+        """A tool the conversation actor runs itself (``schedule_wakeup``, the job tools): its result, or a
+        function that starts it and later calls ``finished(result)``; None: a tool of the tool host."""
         return None
 
     def _add(self, run: KernelRun, message: Message) -> None:
@@ -342,9 +344,12 @@ class KernelHost(BusActor):
                 )
                 return DEFER
 
-        local = self._local_tool(name, dict(call.arguments))
-        if local is not None:
+        local = self._local_tool(name, dict(call.arguments), pending.key)
+        if isinstance(local, ToolExecution):
             finished(local)
+            return DEFER
+        if local is not None:
+            local(finished)
             return DEFER
 
         def executed(reply: Reply) -> None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.base import Context
 from actors.conversation.journal import Journal, LoopsRestored
-from actors.conversation.kernel import KernelRun, line_of
+from actors.conversation.kernel import KernelRun, LocalResult, line_of
 from actors.conversation.messages import (
     ConversationError,
     GoalReply,
@@ -212,6 +212,8 @@ class LoopsMixin:
         def _cancel_requested(self) -> bool: ...
         def _kernel(self, run: KernelRun, then: Callable[[BaseException | None], None]) -> None: ...
         def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes: ...
+        def _job_specs(self) -> tuple[ToolSpec, ...]: ...
+        def _job_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult: ...
 
     def _init_loops(self, restored: LoopsRestored | None) -> None:
         r = restored or LoopsRestored()
@@ -451,9 +453,11 @@ class LoopsMixin:
         return wakeup
 
     def _local_specs(self) -> tuple[ToolSpec, ...]:
+        jobs = self._job_specs()
         if self._wakeup_tool is None:
-            return ()
+            return jobs
         return (
+            *jobs,
             ToolSpec(
                 name=WAKEUP_TOOL,
                 description=(
@@ -468,9 +472,9 @@ class LoopsMixin:
             ),
         )
 
-    def _local_tool(self, name: str, arguments: dict[str, Any]) -> ToolExecution | None:
+    def _local_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
         if name != WAKEUP_TOOL or self._wakeup_tool is None:
-            return None
+            return self._job_tool(name, arguments, key)
         slot, max_delay = self._wakeup_tool
         if self._wake is None:
             return ToolExecution(

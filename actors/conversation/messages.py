@@ -11,7 +11,14 @@ from typing import ClassVar
 
 from actors.conversation.shadow import CheckpointInfo, RestoreReport, ShadowSpec, Skipped
 from actors.conversation.tools import ToolExecution, ToolSpec
-from actors.conversation.types import ChatTokenUsage, GoalState, Message, RuntimeOutcome, Wakeup
+from actors.conversation.types import (
+    ChatTokenUsage,
+    CompletedJob,
+    GoalState,
+    Message,
+    RuntimeOutcome,
+    Wakeup,
+)
 from transport.codec import JsonValue
 from transport.errors import BusError
 
@@ -214,8 +221,6 @@ class SlotReply:
     wakeup: Wakeup | None
 
 
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetInterruptToken:
     TAG: ClassVar[str] = "conv.set_token"
@@ -281,6 +286,91 @@ class StatusReply:
     closed: bool
     interrupted_turn: int | None = None  # the turn index ``continue_turn`` would go on with
     checkpoints_enabled: bool = False
+
+
+# ------------------------------------------------------------------------- background jobs (jobs.py)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterJobTools:
+    """A control: give the model ``start_job``, ``job_status`` and ``stop_job`` on the job runner
+    ``runner``; jobs run in ``workdir``, for at most ``timeout_s``; their output is kept to its last
+    ``output_cap`` bytes."""
+
+    TAG: ClassVar[str] = "conv.register_job_tools"
+    runner: str
+    workdir: str
+    output_cap: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartJob:
+    """Start a job (idempotent by ``job_id``: a repeat answers the job as it is). ``command``: a shell command
+    (``/bin/sh -c``); or ``callable``: the name of a Python callable registered on the runner."""
+
+    TAG: ClassVar[str] = "jobs.start"
+    job_id: str
+    owner: str
+    command: str = ""
+    callable: str = ""
+    workdir: str = ""
+    timeout_s: float = 3600.0
+    output_cap: int = 16384
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetJob:
+    TAG: ClassVar[str] = "jobs.get"
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopJob:
+    TAG: ClassVar[str] = "jobs.stop"
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopJobs:
+    """End every job of ``owner`` (its whole process group); answered once they have all ended."""
+
+    TAG: ClassVar[str] = "jobs.stop_all"
+    owner: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountJobs:
+    TAG: ClassVar[str] = "jobs.count"
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInfo:
+    """A job as the runner knows it: ``state`` "running", "finished", "stopped" or "unknown"."""
+
+    TAG: ClassVar[str] = "jobs.info"
+    job_id: str
+    command: str
+    state: str
+    exit_code: int | None = None
+    output: str = ""
+    output_size: int = 0
+    pgid: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCount:
+    TAG: ClassVar[str] = "jobs.count_reply"
+    running: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDone:
+    """Told by the runner to the job's owner when the job ends."""
+
+    TAG: ClassVar[str] = "jobs.done"
+    job: CompletedJob
 
 
 # --------------------------------------------------------------------------------- the tool host
@@ -385,6 +475,15 @@ MESSAGES = (
     SlotReply,
     GetGoal,
     GoalReply,
+    RegisterJobTools,
+    StartJob,
+    GetJob,
+    StopJob,
+    StopJobs,
+    CountJobs,
+    JobInfo,
+    JobCount,
+    JobDone,
     EnqueueResult,
     SetInterruptToken,
     CancelToken,
