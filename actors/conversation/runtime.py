@@ -32,6 +32,7 @@ from actors.conversation.messages import (
     GetStatus,
     GetTranscript,
     MaybeCompact,
+    RegisterJobTools,
     RegisterWakeupTool,
     RestoreCheckpoint,
     RunGoalLoop,
@@ -295,6 +296,18 @@ class ConversationRuntime:
         loop it answers the model an error; a delay outside [0, ``max_delay_s``] is refused."""
         slot.bind(self)
         self._call(RegisterWakeupTool(slot=slot.slot_id, max_delay_s=max_delay_s), timeout, _none)
+
+    def register_job_tools(self, manager: Any, *, timeout: float | None = None) -> None:
+        """Give the model ``start_job(command)``, ``job_status(job_id)`` and ``stop_job(job_id)`` on the
+        ``BackgroundJobManager``'s runner (jobs.py): commands run in its ``workdir``; their completions wake
+        ``run_event_loop``."""
+        message = RegisterJobTools(
+            runner=manager.address,
+            workdir=manager.workdir,
+            output_cap=manager.output_cap,
+            timeout_s=manager.timeout_s,
+        )
+        self._call(message, timeout, _none)
 
     def run_loop(
         self, initial_goal: str, wakeup_slot: WakeupSlot, *, timeout: float | None = None
