@@ -340,3 +340,26 @@ def test_injected_text_format() -> None:
     job = CompletedJob(job_id="j", command="c", exit_code=2, output="out", completed_at_ms=0, output_size=3)
     assert injected_text(job) == "[Background job j completed (exit 2)]\nout"
     assert json.dumps(injected_text(job))
+
+
+def test_a_completion_told_twice_is_delivered_once(env: Env, tmp_path: Path) -> None:
+    """BG-06 "exactly once": a repeated JobDone for a job (a runner retrying, a resume that asked again) is
+    ignored: one JobFinished, one delivering turn."""
+    from actors.conversation.messages import JobDone
+    from actors.conversation.types import CompletedJob
+
+    rt, slot, manager, _ = setup(env, tmp_path)
+    env.script(start("echo once", "j1"), call("gate", "g", key="G"), text("t1"))
+    env.script(text("t2"))
+    env.script(text("t3 must not run"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    done = finished(env, 1)[0]
+    repeat = CompletedJob(
+        job_id=done.job_id, command="echo once", exit_code=0, output="once\n", completed_at_ms=1
+    )
+    env.node.request(rt.address, JobDone(job=repeat), timeout=WAIT)
+    env.gates.open("G")
+    assert [o.final_text for o in future.result(WAIT)] == ["t1", "t2"]
+    assert len(env.sink.of(JobFinished)) == 1
+    assert sum(u.startswith("[Background job") for u in users(rt)) == 1
