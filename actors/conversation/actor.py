@@ -96,6 +96,7 @@ from actors.conversation.types import (
     SessionEnd,
     TurnFinished,
 )
+from actors.conversation.wakeups import WakeupsMixin
 from actors.router.messages import ResolveModel, TurnTextDelta
 from actors.session import (
     HostCompleteCapture,
@@ -145,7 +146,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
 )
 
 
-class ConversationActor(JobsMixin, LoopsMixin, KernelHost):
+class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
         self._model = config.model

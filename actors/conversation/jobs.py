@@ -54,7 +54,7 @@ from transport.node import Node
 from transport.pending import Reply
 
 if TYPE_CHECKING:
-    from actors.conversation.loops import _WakeLoop
+    from actors.conversation.wakeups import _WakeLoop
 
 log = logging.getLogger(__name__)
 
