@@ -408,11 +408,17 @@ class JobsMixin:
             )
 
         return (
-            spec(
-                "start_job",
-                "Start a shell command in the background (in the working directory); you are told when it "
-                "ends.",
-                {"command": {"type": "string"}},
+            ToolSpec(
+                name="start_job",
+                description=(
+                    "Start a shell command (command) in the background, in the working directory, or a job "
+                    "the runner offers by name (callable); you are told when it ends."
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}, "callable": {"type": "string"}},
+                    "required": [],
+                },
             ),
             spec(
                 "job_status",
@@ -428,11 +434,16 @@ class JobsMixin:
         tools = self._job_tools
         if tools is None or name not in JOB_TOOLS:
             return None
-        field_name = "command" if name == "start_job" else "job_id"
+        if name == "start_job" and set(arguments) == {"callable"}:
+            field_name = "callable"
+        else:
+            field_name = "command" if name == "start_job" else "job_id"
         value = arguments.get(field_name)
         if set(arguments) != {field_name} or not isinstance(value, str) or not value.strip():
-            return ToolExecution(ok=False, text=f"{name} needs one string argument {field_name}")
+            wanted = "command or callable" if name == "start_job" else field_name
+            return ToolExecution(ok=False, text=f"{name} needs one string argument {wanted}")
         if name == "start_job":
+            label = value if field_name == "command" else f"callable:{value}"
             job_id = "job-" + hashlib.sha256(key.encode()).hexdigest()[:10]  # stable across a resume
 
             def start(finished: Callable[[ToolExecution], None]) -> None:
@@ -440,7 +451,7 @@ class JobsMixin:
                     self._write(
                         "the job's start",
                         lambda j: j.loop_record(
-                            "job_started", job_id=job_id, command=value, runner=tools.runner
+                            "job_started", job_id=job_id, command=label, runner=tools.runner
                         ),
                     )
                     self._jobs_running[job_id] = tools.runner
@@ -450,7 +461,7 @@ class JobsMixin:
                         self._jobs_running.pop(job_id, None)
                         lost = CompletedJob(
                             job_id=job_id,
-                            command=value,
+                            command=label,
                             exit_code=None,
                             output="",
                             completed_at_ms=0,
@@ -466,13 +477,14 @@ class JobsMixin:
                             ToolExecution(ok=False, text=f"start_job: the job did not start: {reply.error}")
                         )
                         return
-                    self._emit(JobStarted(job_id=job_id, command=value))
+                    self._emit(JobStarted(job_id=job_id, command=label))
                     finished(ToolExecution(ok=True, text=f"started background job {job_id}"))
 
                 message = StartJob(
                     job_id=job_id,
                     owner=self.address,
-                    command=value,
+                    command=value if field_name == "command" else "",
+                    callable=value if field_name == "callable" else "",
                     workdir=tools.workdir,
                     timeout_s=tools.timeout_s,
                     output_cap=tools.output_cap,

@@ -363,3 +363,32 @@ def test_a_completion_told_twice_is_delivered_once(env: Env, tmp_path: Path) -> 
     assert [o.final_text for o in future.result(WAIT)] == ["t1", "t2"]
     assert len(env.sink.of(JobFinished)) == 1
     assert sum(u.startswith("[Background job") for u in users(rt)) == 1
+
+
+def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) -> None:
+    """start_job(callable=NAME) runs a function registered on the runner; its return value is the output; an
+    unknown name is an error result naming the callables there."""
+    clock = ManualClock()
+    rt = env.build(timers=clock)
+    manager = BackgroundJobManager.spawn(
+        env.node, "pyjobs", callables={"answer": lambda: 42}, workdir=str(tmp_path)
+    )
+    rt.register_job_tools(manager)
+    slot = WakeupSlot("s1")
+    rt.register_wakeup_tool(slot)
+    env.script(
+        call("start_job", "j1", callable="answer"),
+        call("start_job", "j2", callable="nope"),
+        call("gate", "g", key="G"),
+        text("t1"),
+    )
+    env.script(text("t2"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    assert len(future.result(WAIT)) == 2
+    job_id = started_ids(env)["callable:answer"]
+    assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42"
+    refused = next(e for e in env.sink.of(ToolCallFinished) if e.call_id == "j2")
+    assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
