@@ -285,6 +285,11 @@ class TurnPrinter:
                 self.streamed = False  # the answer is the text after the last tool call
             case TurnFinished():
                 self.finished.set()
+            case _:
+                line = loop_event_line(event)
+                if line is not None:  # goal, wakeup and job events: status lines, on stderr
+                    self.newline()
+                    self.note(line, "35")
 
     def _clip(self, text: str) -> str:
         if len(text) > self.SHOWN_CHARS:
@@ -293,6 +298,35 @@ class TurnPrinter:
         if len(lines) > self.SHOWN_LINES:
             lines = [*lines[: self.SHOWN_LINES], f"... ({len(lines) - self.SHOWN_LINES} more lines)"]
         return "\n    ".join(lines)
+
+
+def loop_event_line(event: Any) -> str | None:
+    """One line for a goal, wakeup or job event (issue 12), or None for any other event."""
+    from actors.conversation import types as t
+
+    match event:
+        case t.GoalSet(condition=condition, max_turns=n):
+            return f"[goal] set: {condition} (at most {max(n, 1)} turn{'s' if max(n, 1) != 1 else ''})"
+        case t.GoalContinuing(reason=reason, turns=n):
+            return f"[goal] not yet after turn {n}: {reason}"
+        case t.GoalAchieved(turns=n, reason=reason):
+            return f"[goal] achieved after {n} turn{'s' if n != 1 else ''}: {reason}"
+        case t.GoalCleared(reason=reason):
+            return f"[goal] ended: {reason.replace('_', ' ')}"
+        case t.WakeupScheduled(delay_s=delay, prompt=prompt):
+            return f"[wakeup] scheduled in {delay:g}s" + (f": {prompt}" if prompt else "")
+        case t.WakeupWaiting(due=due):
+            return f"[wakeup] sleeping until {time.strftime('%H:%M:%S', time.localtime(due))}"
+        case t.WakeupFired():
+            return "[wakeup] woke up"
+        case t.WakeupCancelled(reason=reason):
+            return f"[wakeup] cancelled ({reason})"
+        case t.JobStarted(job_id=job_id, command=command):
+            return f"[job] started {job_id}: {command}"
+        case t.JobFinished(job_id=job_id, exit_code=code, lost=lost):
+            status = "lost (outcome unknown)" if lost else ("stopped" if code is None else f"exit {code}")
+            return f"[job] finished {job_id}: {status}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ agent
@@ -445,6 +479,7 @@ class Agent:
         self.resolved: Any = None  # the current model's ResolvedAgentModel
         self.last_interrupt = -math.inf  # when Ctrl-C was last pressed (two within QUIT_WINDOW quit)
         self.key_clock: Callable[[], float] = time.monotonic
+        self.wakeup_slot: Any = None
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -691,6 +726,53 @@ class Agent:
         self.report(outcome, self.operations[first_operation:])
         return outcome
 
+    def loop(self, start: Callable[[], Any]) -> list[Any]:
+        """A goal or wakeup loop (``start()`` returns its future): its events stream as they happen;
+        Ctrl-C interrupts it (a second one quits). Prints one summary line; returns the outcomes."""
+        from actors.conversation import CancellationToken
+
+        token = CancellationToken()
+        self.runtime.set_interrupt_token(token)
+        self.printer.begin()
+        first_operation = len(self.operations)
+        future = start()
+        while True:
+            try:
+                outcomes: list[Any] = future.result(timeout=0.2)
+                break
+            except TimeoutError:
+                continue
+            except KeyboardInterrupt:
+                if token.is_cancelled():
+                    raise
+                token.cancel()
+                print("\nkbus: interrupting the loop (Ctrl-C again to quit)", file=self.err, flush=True)
+        self.printer.finished.wait(10.0)
+        self.printer.newline()
+        if outcomes:
+            self.last_outcome = outcomes[-1]
+        total = sum(o.usage.total_tokens for o in outcomes)
+        receipts, why = self.receipts(self.operations[first_operation:])
+        ids = ", ".join(r.receipt_id for r in receipts) or why or "(none)"
+        self.err.write(
+            f"[loop done] {len(outcomes)} turn{'s' if len(outcomes) != 1 else ''} · tokens {total} · "
+            f"receipts: {ids}\n"
+        )
+        self.err.flush()
+        return outcomes
+
+    def goal_loop(self, prompt: str, condition: str, max_turns: int) -> list[Any]:
+        return self.loop(lambda: self.runtime.run_goal_loop_future(prompt, condition, max_turns))
+
+    def wakeup_loop(self, prompt: str) -> list[Any]:
+        from actors.conversation.runtime import WakeupSlot
+
+        if self.wakeup_slot is None:  # schedule_wakeup joins the tools at the first /loop only
+            self.wakeup_slot = WakeupSlot("chat")
+            self.runtime.register_wakeup_tool(self.wakeup_slot)
+        slot = self.wakeup_slot
+        return self.loop(lambda: self.runtime.run_loop_future(prompt, slot))
+
     def receipts(self, operations: Sequence[uuid.UUID]) -> tuple[list[Any], str | None]:
         """The receipts the Router issued for the turn's provider turns, or why there are none."""
         from actors.router.client import RouterClient
@@ -886,12 +968,24 @@ def read_prompt(args: argparse.Namespace, stdin: TextIO) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from transport import BusError
 
+    if args.goal is not None and not args.goal.strip():
+        print("kbus run: the --goal condition is empty", file=sys.stderr)
+        return 2
+    if args.max_turns < 1:
+        print(f"kbus run: --max-turns must be at least 1, not {args.max_turns}", file=sys.stderr)
+        return 2
     try:
         prompt = read_prompt(args, sys.stdin)
         check_prompt_size(prompt)  # before anything starts
         with _agent(args) as agent:
             agent.check_prompt(prompt)
-            outcome = agent.turn(prompt)
+            if args.goal is not None:
+                outcomes = agent.goal_loop(prompt, args.goal, args.max_turns)
+                if not outcomes:
+                    return 1
+                outcome = outcomes[-1]
+            else:
+                outcome = agent.turn(prompt)
     except (CliError, BusError) as exc:
         return _failed("run", exc)
     except KeyboardInterrupt:
@@ -963,6 +1057,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 CHAT_HELP = """commands:
   /model NAME   use another catalog model from the next turn on
   /compact      summarise the conversation so far (keeps the last messages)
+  /goal COND    work toward COND: turns until a judge finds it met (at most --max-turns turns)
+  /goal         show the current goal; /goal clear clears it
+  /loop PROMPT  run PROMPT, then again each time the model calls schedule_wakeup
   /checkpoints  list this session's checkpoints (with --checkpoints)
   /restore ID   restore the working tree to checkpoint ID; the model is told what changed
   /help         this list
@@ -1054,6 +1151,8 @@ def _repl(agent: Agent) -> None:
                     print(f"compacted: {before} messages -> {after}", flush=True)
             elif command in ("/checkpoints", "/restore"):
                 _checkpoint_command(agent, command, rest)
+            elif command in ("/goal", "/loop"):
+                _loop_command(agent, command, rest)
             else:
                 print(f"unknown command {command}; /help lists them", flush=True)
             continue
@@ -1062,6 +1161,29 @@ def _repl(agent: Agent) -> None:
         except BusError as exc:
             agent.printer.newline()
             print(f"kbus: the turn failed: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _loop_command(agent: Agent, command: str, rest: str) -> None:
+    from transport import BusError
+
+    try:
+        if command == "/loop":
+            if not rest:
+                print("usage: /loop PROMPT", flush=True)
+                return
+            agent.wakeup_loop(rest)
+        elif not rest:
+            goal = agent.runtime.current_goal()
+            print(
+                "no goal" if goal is None else f"goal: {goal.condition} ({goal.turns}/{goal.max_turns} turns)"
+            )
+        elif rest == "clear":
+            agent.runtime.clear_goal()
+        else:
+            agent.goal_loop(rest, rest, agent.args.max_turns)
+    except BusError as exc:
+        agent.printer.newline()
+        print(f"kbus: {command} failed: {type(exc).__name__}: {exc}", flush=True)
 
 
 def _checkpoint_command(agent: Agent, command: str, rest: str) -> None:
@@ -1180,6 +1302,7 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--session", help="JSONL session file: resumed when it exists, appended to")
         p.add_argument("--system", help="the system prompt (default: one listing the tools)")
         p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn at most (default 4)")
+        p.add_argument("--max-turns", type=int, default=5, help="a goal loop's turns at most (default 5)")
         p.add_argument("--timeout", type=float, default=300.0, help="seconds one model request may take")
         config_option(p)
         p.add_argument(
@@ -1199,6 +1322,7 @@ def add_parsers(sub: Any) -> None:
 
     p = sub.add_parser("run", help="one agent turn: answer PROMPT (streamed), with tools, through the bus")
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")
+    p.add_argument("--goal", metavar="CONDITION", help="a goal loop: turns until a judge finds CONDITION met")
     common(p)
     p.set_defaults(func=guarded("run", cmd_run))
 

@@ -57,10 +57,12 @@ def run_bounded(
     cancel: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_start: Callable[[int], None] | None = None,
+    keep_tail: bool = False,
 ) -> Finished:
     """Run ``argv`` to completion or until ``timeout`` seconds pass or ``cancel`` is set; keep the first
-    ``limit`` bytes of each stream. Raises ``OSError`` only when the child cannot be started.
-    ``on_start(pid)`` is called once the child runs (tests use it to watch the group)."""
+    ``limit`` bytes of each stream (the last ``limit`` with ``keep_tail``). Raises ``OSError`` only when the
+    child cannot be started. ``on_start(pid)`` is called once the child runs (tests use it to watch the
+    group)."""
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,
@@ -76,6 +78,7 @@ def run_bounded(
     deadline = clock() + timeout
     kept: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
     sizes = {"out": 0, "err": 0}
+    limit = -limit if keep_tail else limit  # a negative limit keeps the tail (_read_one)
     timed_out = cancelled = False
     assert proc.stdout is not None and proc.stderr is not None
     sel = selectors.DefaultSelector()
@@ -156,6 +159,10 @@ def _read_one(
         return False
     name = str(key.data)
     sizes[name] += len(data)
+    if limit < 0:  # keep the last -limit bytes
+        kept[name] += data
+        del kept[name][: max(0, len(kept[name]) + limit)]
+        return True
     room = limit - len(kept[name])
     if room > 0:
         kept[name] += data[:room]

@@ -61,15 +61,44 @@ compacted) and ``TurnFinished``. A tool with a ``sink`` parameter emits ``ToolNo
 it was bound to. Interrupt: ``token = CancellationToken(); rt.set_interrupt_token(token)``, then
 ``token.cancel()`` from any thread; the turn ends ``FinishReason.CANCELLED`` after the current step.
 
+Goals, wakeups and background jobs (RULES.md 9.6-9.8; loops.py, wakeups.py, jobs.py), each journaled in the
+session file before it is acted on, so a resumed runtime knows its goal, turn count, pending wakeup and
+undelivered job completions:
+
+- ``rt.run_goal_loop(prompt, condition, max_turns, token_budget=None)``: turns until the judge finds
+  ``condition`` met (``GoalAchieved``), ``max_turns`` or the token budget is spent, the judge says impossible,
+  the goal is cleared, or a turn is cancelled (``GoalCleared{reason}``); ``GoalContinuing{reason}`` after each
+  "not yet". ``current_goal()``, ``set_goal(condition, max_turns)`` and ``clear_goal()`` are answered at once.
+  The judge is one tool-less Router turn of ``.judge_model(name)`` (default: the session's model) answering
+  ``{achieved, reason, impossible}``; a verdict that does not parse, or past ``.judge_timeout(s)``, is "not
+  achieved" with a reason that says so. ``.goal_evaluator(obj)`` replaces it; ``.goal_judge_tail(n)`` (20).
+- ``slot = WakeupSlot("id")``; ``rt.register_wakeup_tool(slot, max_delay_s=...)`` gives the model
+  ``schedule_wakeup(delay_seconds, prompt=None)``; ``rt.run_loop(goal, slot)`` sleeps on the injected clock
+  (``.timers(t)``, default wall clock) until each wakeup is due, then runs its prompt; the interrupt token
+  cuts the sleep short. Events ``WakeupScheduled``, ``WakeupWaiting``, ``WakeupFired``, ``WakeupCancelled``.
+- ``manager = BackgroundJobManager.spawn(node, "jobs", workdir=...)`` (or a ``JobRunnerActor`` in another
+  process); ``rt.register_job_tools(manager)`` gives the model ``start_job``, ``job_status``, ``stop_job``;
+  ``rt.run_event_loop(goal, slot, manager)`` also runs one turn per completed job, in completion order,
+  the output's last ``output_cap`` bytes injected. Events ``JobStarted``, ``JobFinished``. ``close()`` ends
+  the jobs' process groups.
+
 Models that call tools over and over (the 135M ``local`` model): give the Router catalog entry
 ``tool_choice_after_call = "none"`` (actors/router/catalog.py) and keep ``max_steps`` small.
 """
 
 from actors.conversation.host import ToolHostActor
+from actors.conversation.jobs import BackgroundJobManager, JobRunnerActor
 from actors.conversation.journal import Restored, read_journal
+from actors.conversation.loops import AUTO_PROMPT, GOAL_JUDGE_TAIL, GoalEvaluator
 from actors.conversation.messages import ConversationError, StatusReply, TurnFailed
-from actors.conversation.runtime import DEFAULT_TIMEOUT, ConversationRuntime, ConversationRuntimeBuilder
+from actors.conversation.runtime import (
+    DEFAULT_TIMEOUT,
+    ConversationRuntime,
+    ConversationRuntimeBuilder,
+    WakeupSlot,
+)
 from actors.conversation.sinks import CallbackSink, EventSink, NullSink, RemoteSink, SinkActor
+from actors.conversation.timers import RealTimers, Timers
 from actors.conversation.token import CancellationToken
 from actors.conversation.tools import ToolExecution, ToolRegistry, ToolRegistryError, ToolSpec
 from actors.conversation.types import (
@@ -77,7 +106,16 @@ from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
     Compactor,
+    CompletedJob,
     FinishReason,
+    GoalAchieved,
+    GoalCleared,
+    GoalContinuing,
+    GoalSet,
+    GoalState,
+    GoalVerdict,
+    JobFinished,
+    JobStarted,
     Message,
     MessageAppended,
     MessageToolCall,
@@ -88,25 +126,45 @@ from actors.conversation.types import (
     ToolCallStarted,
     ToolNotice,
     TurnFinished,
+    Wakeup,
+    WakeupCancelled,
+    WakeupFired,
+    WakeupScheduled,
+    WakeupWaiting,
 )
 
 __all__ = [
+    "AUTO_PROMPT",
     "DEFAULT_TIMEOUT",
+    "GOAL_JUDGE_TAIL",
     "AgentEvent",
+    "BackgroundJobManager",
     "CallbackSink",
     "CancellationToken",
     "ChatTokenUsage",
     "CompactionBoundary",
     "Compactor",
+    "CompletedJob",
     "ConversationError",
     "ConversationRuntime",
     "ConversationRuntimeBuilder",
     "EventSink",
     "FinishReason",
+    "GoalAchieved",
+    "GoalCleared",
+    "GoalContinuing",
+    "GoalEvaluator",
+    "GoalSet",
+    "GoalState",
+    "GoalVerdict",
+    "JobFinished",
+    "JobRunnerActor",
+    "JobStarted",
     "Message",
     "MessageAppended",
     "MessageToolCall",
     "NullSink",
+    "RealTimers",
     "RemoteSink",
     "Restored",
     "RuntimeOutcome",
@@ -114,6 +172,7 @@ __all__ = [
     "SinkActor",
     "StatusReply",
     "TextDelta",
+    "Timers",
     "ToolCallFinished",
     "ToolCallStarted",
     "ToolExecution",
@@ -124,6 +183,12 @@ __all__ = [
     "ToolSpec",
     "TurnFailed",
     "TurnFinished",
+    "Wakeup",
+    "WakeupCancelled",
+    "WakeupFired",
+    "WakeupScheduled",
+    "WakeupSlot",
+    "WakeupWaiting",
     "read_journal",
 ]
 

@@ -28,6 +28,7 @@ import pykka
 
 from actors.base import DEFER, Context
 from actors.conversation import compaction
+from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
     HOST_TIMEOUT,
@@ -38,10 +39,12 @@ from actors.conversation.kernel import (
     line_of,
     render_input,
 )
+from actors.conversation.loops import LoopsMixin
 from actors.conversation.messages import (
     BindCheckpoints,
     BindSink,
     CancelToken,
+    ClearGoal,
     CloseSession,
     CompactNow,
     CompactPartialAfter,
@@ -52,18 +55,27 @@ from actors.conversation.messages import (
     EnqueueResult,
     EnqueueText,
     ExecuteTool,
+    GetGoal,
     GetStatus,
     GetTranscript,
     HostRestoreCheckpoint,
+    JobDone,
     ListTools,
     MaybeCompact,
+    RegisterJobTools,
+    RegisterWakeupTool,
     RestoreCheckpoint,
+    RunGoalLoop,
+    RunLoop,
     RunTurn,
     SetEventSink,
+    SetGoal,
     SetInterruptToken,
     SetLlm,
     SetSessionId,
     SetTranscript,
+    SlotSchedule,
+    SlotTake,
     StatusReply,
     ToolList,
     TranscriptReply,
@@ -84,6 +96,7 @@ from actors.conversation.types import (
     SessionEnd,
     TurnFinished,
 )
+from actors.conversation.wakeups import WakeupsMixin
 from actors.router.messages import ResolveModel, TurnTextDelta
 from actors.session import (
     HostCompleteCapture,
@@ -120,6 +133,8 @@ class _HooksDone:
 # Commands that change the transcript: an interrupted turn is closed before any of them runs.
 CONVERSATION_TRANSCRIPT_COMMANDS = (
     RunTurn,
+    RunGoalLoop,
+    RunLoop,
     EnqueueText,
     MaybeCompact,
     CompactNow,
@@ -131,7 +146,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
 )
 
 
-class ConversationActor(KernelHost):
+class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
         self._model = config.model
@@ -149,6 +164,7 @@ class ConversationActor(KernelHost):
         self._interrupted: InterruptedTurn | None = None
         self._checkpoints_enabled = False  # CK-01: True once a BindCheckpoints succeeded
         path = config.session_file
+        restored = None
         if path is not None:
             restored = read_journal(path) if config.resume and path.exists() else None
             journal = Journal(path, truncate=not config.resume, sync=config.journal_sync)
@@ -161,6 +177,8 @@ class ConversationActor(KernelHost):
             else:
                 journal.session(self._conversation_id)
             self._journal = journal
+        self._init_loops(restored.loops if restored is not None else None)
+        self._init_jobs(restored.loops if restored is not None else None)
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -190,6 +208,20 @@ class ConversationActor(KernelHost):
                 if cancelled:
                     self._cancelled.add(token_id)
                     self._interrupt()
+                    self._wake_interrupted()
+                return None
+            case GetGoal() | SetGoal() | RegisterWakeupTool() | SlotSchedule() | SlotTake():
+                return self._loop_control(message)
+            case ClearGoal():
+                self._clear_goal("cleared")
+                return None
+            case RegisterJobTools():
+                if message.output_cap < 1 or message.timeout_s <= 0:
+                    raise ConversationError("register_job_tools needs output_cap >= 1 and timeout_s > 0")
+                self._job_tools = message
+                return None
+            case JobDone(job=job):
+                self._job_done(job)
                 return None
             case WithdrawEnqueued(ticket=ticket):
                 for command in list(self._waiting):
@@ -204,6 +236,8 @@ class ConversationActor(KernelHost):
                 if token_id == self._token and self._run is not None:
                     self._log(logging.INFO, "interrupt requested; stopping the running turn")
                     self._interrupt()
+                if token_id == self._token:
+                    self._wake_interrupted()
                 return None
             # the session loop's host calls and the handle's streamed text
             case TurnTextDelta():
@@ -235,6 +269,8 @@ class ConversationActor(KernelHost):
                 | SetSessionId()
                 | EnableCheckpoints()
                 | RestoreCheckpoint()
+                | RunGoalLoop()
+                | RunLoop()
             ):
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
@@ -250,10 +286,13 @@ class ConversationActor(KernelHost):
                     self._log(logging.WARNING, "binding the tools to the event sink failed: %r", reply.error)
 
             self.ask(self.config.host, BindSink(address=self._sink), bound, timeout=HOST_TIMEOUT)
+        self._reconcile_jobs()
 
     def on_local(self, message: Any) -> Any:
         if isinstance(message, _HooksDone):
             self._done(message.ctx, None)
+            return None
+        if self._loop_local(message):
             return None
         return super().on_local(message)
 
@@ -353,7 +392,18 @@ class ConversationActor(KernelHost):
             case ContinueTurn():
                 self._continue_turn(ctx)
             case RunTurn(text=text) | EnqueueText(text=text):
-                self._start_turn(text, ctx, wrap=isinstance(command.message, EnqueueText))
+                wrap = isinstance(command.message, EnqueueText)
+
+                def answer(result: Any) -> None:
+                    if wrap and isinstance(result, RuntimeOutcome):
+                        result = EnqueueResult(outcome=result)
+                    self._done(ctx, result)
+
+                self._start_turn(text, answer)
+            case RunGoalLoop():
+                self._goal_loop(command.message, ctx)
+            case RunLoop():
+                self._wake_loop(command.message, ctx)
             case MaybeCompact(usage=usage):
                 self._maybe_compact(usage, lambda error: self._done(ctx, error))
             case CompactNow():
@@ -409,6 +459,16 @@ class ConversationActor(KernelHost):
             self._done(ctx, None)
             return
         self._closed = True
+        for slot in list(self._slots):  # closing cancels pending wakeups
+
+            def cancelled(journal: Journal, slot: str = slot) -> None:
+                journal.loop_record("wakeup_cancelled", slot=slot, reason="closed")
+
+            self._write("a wakeup's cancel", cancelled)
+            del self._slots[slot]
+        self._stop_jobs(lambda: self._close_hooks(last, ctx))  # closing ends the jobs' process groups
+
+    def _close_hooks(self, last: RuntimeOutcome | None, ctx: Context) -> None:
         event = SessionEnd(session_id=self._session_id, last_outcome=last)
         hooks = self.config.hooks
         self._log(logging.INFO, "session end (%d hook(s))", len(hooks))
@@ -458,7 +518,8 @@ class ConversationActor(KernelHost):
         self.ask(self.config.host, restore, restored, timeout=HOST_TIMEOUT)
 
     # ------------------------------------------------------------------------------------ turns
-    def _start_turn(self, text: str, ctx: Context, *, wrap: bool) -> None:
+    def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None:
+        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step)."""
         index = self._turn_index
         user = Message.user(text)
         user_at = len(self._transcript)
@@ -473,11 +534,6 @@ class ConversationActor(KernelHost):
             span="conversation.turn",
             turn_index=index,
         )
-
-        def answer(result: Any) -> None:
-            if wrap and isinstance(result, RuntimeOutcome):
-                result = EnqueueResult(outcome=result)
-            self._done(ctx, result)
 
         if self._cancel_requested():  # IT-04: the first boundary comes before any model call
             run = KernelRun("turn", "", self._model, "", "", turn_index=index, finish=FinishReason.CANCELLED)
@@ -494,7 +550,7 @@ class ConversationActor(KernelHost):
                 "",
                 self._model,
                 render_input(self.config.system_prompt, self._transcript),
-                describe_tools(specs),
+                describe_tools((*specs, *self._local_specs())),
                 turn_index=index,
                 base=len(self._transcript),
             )
@@ -593,7 +649,7 @@ class ConversationActor(KernelHost):
                 "",
                 self._model,
                 render_input(self.config.system_prompt, self._transcript),
-                describe_tools(specs),
+                describe_tools((*specs, *self._local_specs())),
                 turn_index=it.turn_index,
                 steps=it.steps,
                 base=len(self._transcript),

@@ -18,6 +18,18 @@ transcript after the compaction, in the same line, so a crash cannot split it; f
 field existed re-append the kept messages after the boundary: CP-06), ``transcript_replaced`` {messages} and
 ``transcript_truncated`` {length} (``set_transcript`` / ``truncate_transcript``, which emit no events, TR-06).
 
+Goal, wakeup and loop records (loops.py), each fsync'd before anything acts on it: ``goal_set`` {condition,
+max_turns, token_budget, loop} (``loop`` True when a goal loop set it), ``goal_turn`` {turns, tokens_used} (a
+goal-loop turn ended: written before the judge is asked), ``goal_verdict`` {turns, achieved, reason,
+impossible}, ``goal_achieved`` {turns, reason}, ``goal_cleared`` {reason}; ``loop_started`` {slot,
+initial_goal, jobs} and ``loop_ended`` {slot}; ``wakeup_scheduled`` {slot, due, delay_s, prompt, reason}
+(``due`` the absolute time on the conversation's clock), ``wakeup_fired`` {slot, due} (written just before
+the wakeup's turn starts: a wakeup counts as consumed only once a ``turn_started`` follows it, so a crash
+between the two fires it again, once), ``wakeup_taken`` {slot} (discarded or read out) and
+``wakeup_cancelled`` {slot, reason}; ``job_started`` {job_id, command}, ``job_finished`` {job} (the
+completion, with its capped output) and ``job_delivered`` {job_id} (written just before the turn that
+injects it).
+
 A reader applies the records in order. A turn with a ``turn_started`` and no end record was interrupted (the
 process died): ``Restored.interrupted`` describes it, and the rebuilt transcript holds its user message,
 every call with its result, and for each call journaled without a result a tool message saying its outcome
@@ -46,11 +58,14 @@ from typing import IO, Any
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
+    CompletedJob,
     FinishReason,
+    GoalState,
     Message,
     MessageAppended,
     MessageToolCall,
     TurnFinished,
+    Wakeup,
 )
 
 log = logging.getLogger(__name__)
@@ -176,6 +191,10 @@ class Journal:
     def truncated(self, length: int) -> None:
         self.write({"type": "transcript_truncated", "length": length}, durable=True)
 
+    def loop_record(self, kind: str, **fields: Any) -> None:
+        """A goal, wakeup, loop or job record (see the module docstring): always durable."""
+        self.write({"type": kind, **fields}, durable=True)
+
     def close(self) -> None:
         self._file.close()
 
@@ -235,6 +254,27 @@ class Restored:
     boundaries: int
     conversation_id: str | None = None
     interrupted: InterruptedTurn | None = None
+    loops: LoopsRestored = field(default_factory=lambda: LoopsRestored())
+
+
+@dataclass(frozen=True, slots=True)
+class LoopsRestored:
+    """The goal, wakeup and job state a session file describes.
+
+    ``goal_loop``: the goal was set by a goal loop that has not ended; ``goal_phase`` what that loop does next
+    ("turn": a turn, with the auto-prompt of ``goal_reason`` when it has one; "evaluate": ask the judge about
+    the turn it counted last). ``loop``: (slot, initial_goal, jobs) of a wakeup/event loop that has not ended;
+    ``slots`` each slot's pending wakeup; ``jobs_running`` jobs started and not finished; ``undelivered`` the
+    finished jobs no turn has injected yet, in completion order."""
+
+    goal: GoalState | None = None
+    goal_loop: bool = False
+    goal_phase: str = "turn"
+    goal_reason: str | None = None
+    loop: tuple[str, str, str | None] | None = None
+    slots: dict[str, Wakeup] = field(default_factory=dict)
+    jobs_running: dict[str, str] = field(default_factory=dict)
+    undelivered: tuple[CompletedJob, ...] = ()
 
 
 def placeholders(pending: tuple[PendingCall, ...]) -> list[Message]:
@@ -265,6 +305,7 @@ def read_journal(path: Path) -> Restored:
     records = boundaries = 0
     conversation_id: str | None = None
     open_turn: _Open | None = None
+    lp = _LoopsReader()
     lines = path.read_text(encoding="utf-8").split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -287,6 +328,7 @@ def read_journal(path: Path) -> Restored:
                 transcript.append(Message.from_json(record["message"]))
                 turn_index = int(record["turn_index"]) + 1
                 open_turn = _Open(int(record["turn_index"]), index)
+                lp.turn_started()
             elif kind == "tool_call":
                 if open_turn is not None:
                     open_turn.steps = max(open_turn.steps, int(record["step"]))
@@ -321,6 +363,8 @@ def read_journal(path: Path) -> Restored:
                 transcript = [Message.from_json(m) for m in record["messages"]]
             elif kind == "transcript_truncated":
                 del transcript[int(record["length"]) :]
+            elif kind in _LOOP_KINDS:
+                lp.apply(kind, record)
             else:
                 log.warning("%s:%d: unknown record type %r skipped", path, n, kind)
         except (KeyError, TypeError, ValueError) as exc:
@@ -332,7 +376,135 @@ def read_journal(path: Path) -> Restored:
             open_turn.turn_index, open_turn.user_at, open_turn.steps, pending, len(transcript)
         )
         transcript.extend(placeholders(pending))
-    return Restored(tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted)
+    return Restored(
+        tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted, lp.restored()
+    )
+
+
+_LOOP_KINDS = frozenset(
+    {
+        "goal_set",
+        "goal_turn",
+        "goal_verdict",
+        "goal_achieved",
+        "goal_cleared",
+        "loop_started",
+        "loop_ended",
+        "wakeup_scheduled",
+        "wakeup_fired",
+        "wakeup_taken",
+        "wakeup_cancelled",
+        "job_started",
+        "job_finished",
+        "job_delivered",
+    }
+)
+
+
+def job_to_json(job: CompletedJob) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "command": job.command,
+        "exit_code": job.exit_code,
+        "output": job.output,
+        "completed_at_ms": job.completed_at_ms,
+        "output_size": job.output_size,
+        "lost": job.lost,
+    }
+
+
+def job_from_json(row: dict[str, Any]) -> CompletedJob:
+    code = row.get("exit_code")
+    return CompletedJob(
+        job_id=str(row["job_id"]),
+        command=str(row["command"]),
+        exit_code=None if code is None else int(code),
+        output=str(row.get("output", "")),
+        completed_at_ms=int(row.get("completed_at_ms", 0)),
+        output_size=int(row.get("output_size", 0)),
+        lost=bool(row.get("lost", False)),
+    )
+
+
+class _LoopsReader:
+    def __init__(self) -> None:
+        self.goal: GoalState | None = None
+        self.goal_loop = False
+        self.phase = "turn"
+        self.reason: str | None = None
+        self.loop: tuple[str, str, str | None] | None = None
+        self.slots: dict[str, Wakeup] = {}
+        self.firing: set[str] = set()
+        self.running: dict[str, str] = {}
+        self.finished: dict[str, CompletedJob] = {}
+
+    def turn_started(self) -> None:
+        for slot in self.firing:  # the wakeup's turn started: it is consumed
+            self.slots.pop(slot, None)
+        self.firing.clear()
+
+    def apply(self, kind: str, r: dict[str, Any]) -> None:
+        g = self.goal
+        if kind == "goal_set":
+            budget = r.get("token_budget")
+            self.goal = GoalState(
+                condition=str(r["condition"]),
+                max_turns=int(r["max_turns"]),
+                token_budget=None if budget is None else int(budget),
+            )
+            self.goal_loop, self.phase, self.reason = bool(r.get("loop", False)), "turn", None
+        elif kind == "goal_turn" and g is not None:
+            self.goal = GoalState(
+                condition=g.condition,
+                max_turns=g.max_turns,
+                turns=int(r["turns"]),
+                token_budget=g.token_budget,
+                tokens_used=int(r.get("tokens_used", 0)),
+            )
+            self.phase = "evaluate"
+        elif kind == "goal_verdict":
+            self.phase, self.reason = "turn", str(r.get("reason", ""))
+        elif kind in ("goal_achieved", "goal_cleared"):
+            self.goal, self.goal_loop, self.phase, self.reason = None, False, "turn", None
+        elif kind == "loop_started":
+            jobs = r.get("jobs")
+            self.loop = (str(r["slot"]), str(r["initial_goal"]), None if jobs is None else str(jobs))
+        elif kind == "loop_ended":
+            self.loop = None
+        elif kind == "wakeup_scheduled":
+            prompt = r.get("prompt")
+            self.slots[str(r["slot"])] = Wakeup(
+                delay_s=float(r["delay_s"]),
+                prompt=None if prompt is None else str(prompt),
+                reason=str(r.get("reason", "")),
+                due=float(r["due"]),
+            )
+            self.firing.discard(str(r["slot"]))
+        elif kind == "wakeup_fired":
+            self.firing.add(str(r["slot"]))
+        elif kind in ("wakeup_taken", "wakeup_cancelled"):
+            self.slots.pop(str(r["slot"]), None)
+            self.firing.discard(str(r["slot"]))
+        elif kind == "job_started":
+            self.running[str(r["job_id"])] = str(r["command"])
+        elif kind == "job_finished":
+            job = job_from_json(r["job"])
+            self.running.pop(job.job_id, None)
+            self.finished[job.job_id] = job
+        elif kind == "job_delivered":
+            self.finished.pop(str(r["job_id"]), None)
+
+    def restored(self) -> LoopsRestored:
+        return LoopsRestored(
+            goal=self.goal,
+            goal_loop=self.goal_loop and self.goal is not None,
+            goal_phase=self.phase,
+            goal_reason=self.reason,
+            loop=self.loop,
+            slots=dict(self.slots),
+            jobs_running=dict(self.running),
+            undelivered=tuple(self.finished.values()),
+        )
 
 
 def new_conversation_id() -> str:

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_input"]
 
+LocalResult = ToolExecution | Callable[[Callable[[ToolExecution], None]], None] | None
 RUN_TIMEOUT = 24 * 3600.0  # one run_session; the callers' own deadlines bound their waits
 HOST_TIMEOUT = 3600.0
 SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
@@ -96,6 +97,13 @@ class ConversationConfig:
     call_timeout: float = CALL_TIMEOUT  # each step of a kernel run (a model read, a host callback)
     reasoning_effort: str = ""
     operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+    # the loops (loops.py): a GoalEvaluator (None: the judge run), the judge's model (None: the session's),
+    # its timeout, the transcript tail it sees, and the clock/timer source (None: wall clock, threads)
+    goal_evaluator: Any = None
+    judge_model: str | None = None
+    judge_timeout: float = 120.0
+    goal_judge_tail: int = 20
+    timers: Any = None
 
 
 def line_of(m: Message) -> str:
@@ -130,7 +138,7 @@ def render_input(system_prompt: str, transcript: list[Message] | tuple[Message, 
 class KernelRun:
     """One run_session in flight (a turn or a summary)."""
 
-    mode: Literal["turn", "summary"]
+    mode: Literal["turn", "summary", "judge"]
     loop: str  # the session loop's address: the only sender the host handlers accept
     model: str
     provider_input: str
@@ -146,6 +154,8 @@ class KernelRun:
     base: int = 0  # the transcript index run.new[0] will have (the journal's message_appended index)
     suspended: BaseException | None = None  # a tool call's outcome became unknown: the turn stays open
     suspended_call: PendingCall | None = None
+    verdict: dict[str, Any] | None = None  # a judge run: the arguments of its goal_verdict call
+    timed_out: bool = False  # a judge run cancelled at its timeout
 
 
 class KernelHost(BusActor):
@@ -165,6 +175,11 @@ class KernelHost(BusActor):
 
     def _cancel_requested(self) -> bool:
         raise NotImplementedError
+
+    def _local_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
+        """A tool the conversation actor runs itself (``schedule_wakeup``, the job tools): its result, or a
+        function that starts it and later calls ``finished(result)``; None: a tool of the tool host."""
+        return None
 
     def _add(self, run: KernelRun, message: Message) -> None:
         """A message of the running turn: kept for the transcript and journaled at once."""
@@ -263,6 +278,8 @@ class KernelHost(BusActor):
                 if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result
                     run.finish = FinishReason.CANCELLED
                     return ProviderResume.Complete(answer=None)
+                if run.mode == "judge":  # one verdict call, then the judge's turn ends
+                    return ProviderResume.Complete(answer=None)
                 if run.steps >= (self.config.max_steps if run.mode == "turn" else 2):
                     run.finish = FinishReason.MAX_STEPS
                     return ProviderResume.Complete(answer=None)
@@ -310,6 +327,11 @@ class KernelHost(BusActor):
         if run.mode == "summary":
             finished(ToolExecution(ok=False, text=SUMMARY_TOOL_DESCRIPTION))
             return DEFER
+        if run.mode == "judge":
+            if isinstance(call, ToolCall) and run.verdict is None:
+                run.verdict = dict(call.arguments)
+            finished(ToolExecution(ok=True, text="verdict recorded"))
+            return DEFER
         if isinstance(call, ToolCallError):
             finished(ToolExecution(ok=False, text=f"invalid tool call: {call}"))
             return DEFER
@@ -321,6 +343,14 @@ class KernelHost(BusActor):
                     ToolExecution(ok=False, text=f"not run: the session journal cannot be written ({exc})")
                 )
                 return DEFER
+
+        local = self._local_tool(name, dict(call.arguments), pending.key)
+        if isinstance(local, ToolExecution):
+            finished(local)
+            return DEFER
+        if local is not None:
+            local(finished)
+            return DEFER
 
         def executed(reply: Reply) -> None:
             error = reply.error

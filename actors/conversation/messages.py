@@ -11,7 +11,14 @@ from typing import ClassVar
 
 from actors.conversation.shadow import CheckpointInfo, RestoreReport, ShadowSpec, Skipped
 from actors.conversation.tools import ToolExecution, ToolSpec
-from actors.conversation.types import ChatTokenUsage, Message, RuntimeOutcome
+from actors.conversation.types import (
+    ChatTokenUsage,
+    CompletedJob,
+    GoalState,
+    Message,
+    RuntimeOutcome,
+    Wakeup,
+)
 from transport.codec import JsonValue
 from transport.errors import BusError
 
@@ -134,7 +141,84 @@ class RestoreCheckpoint:
     checkpoint_id: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunGoalLoop:
+    """``run_goal_loop`` (GL-05): turns until the judge says ``condition`` holds, ``max_turns`` (or the
+    optional ``token_budget``) is spent, or the goal is cleared. A runtime resumed from a journal whose goal
+    loop on the same condition did not end continues it, with its turn count."""
+
+    TAG: ClassVar[str] = "conv.goal_loop"
+    prompt: str
+    condition: str
+    max_turns: int
+    token_budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunLoop:
+    """``run_loop`` / ``run_event_loop`` (WK, BG): turns while the agent schedules wakeups in slot ``slot``
+    (or, with ``jobs``, a job of that manager completes)."""
+
+    TAG: ClassVar[str] = "conv.run_loop"
+    initial_goal: str
+    slot: str
+    jobs: str | None = None  # the job runner actor's address (run_event_loop), None for run_loop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopResult:
+    TAG: ClassVar[str] = "conv.loop_result"
+    outcomes: tuple[RuntimeOutcome, ...]
+
+
 # -------------------------------------------------------------------------------------- controls
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetGoal:
+    TAG: ClassVar[str] = "conv.set_goal"
+    condition: str
+    max_turns: int
+    token_budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClearGoal:
+    TAG: ClassVar[str] = "conv.clear_goal"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterWakeupTool:
+    """Give the model ``schedule_wakeup(delay_seconds, prompt=None)``, writing into slot ``slot``; a delay
+    outside ``[0, max_delay_s]`` is refused with an error result."""
+
+    TAG: ClassVar[str] = "conv.register_wakeup_tool"
+    slot: str
+    max_delay_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotSchedule:
+    TAG: ClassVar[str] = "conv.slot_schedule"
+    slot: str
+    delay_s: float
+    prompt: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotTake:
+    """Read slot ``slot``; ``clear`` True empties it (``take``), False leaves it (``peek``)."""
+
+    TAG: ClassVar[str] = "conv.slot_take"
+    slot: str
+    clear: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotReply:
+    TAG: ClassVar[str] = "conv.slot"
+    wakeup: Wakeup | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +243,17 @@ class CancelToken:
 
 
 # --------------------------------------------------------------------------------------- queries
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetGoal:
+    TAG: ClassVar[str] = "conv.get_goal"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalReply:
+    TAG: ClassVar[str] = "conv.goal"
+    goal: GoalState | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +286,91 @@ class StatusReply:
     closed: bool
     interrupted_turn: int | None = None  # the turn index ``continue_turn`` would go on with
     checkpoints_enabled: bool = False
+
+
+# ------------------------------------------------------------------------- background jobs (jobs.py)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterJobTools:
+    """A control: give the model ``start_job``, ``job_status`` and ``stop_job`` on the job runner
+    ``runner``; jobs run in ``workdir``, for at most ``timeout_s``; their output is kept to its last
+    ``output_cap`` bytes."""
+
+    TAG: ClassVar[str] = "conv.register_job_tools"
+    runner: str
+    workdir: str
+    output_cap: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartJob:
+    """Start a job (idempotent by ``job_id``: a repeat answers the job as it is). ``command``: a shell command
+    (``/bin/sh -c``); or ``callable``: the name of a Python callable registered on the runner."""
+
+    TAG: ClassVar[str] = "jobs.start"
+    job_id: str
+    owner: str
+    command: str = ""
+    callable: str = ""
+    workdir: str = ""
+    timeout_s: float = 3600.0
+    output_cap: int = 16384
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetJob:
+    TAG: ClassVar[str] = "jobs.get"
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopJob:
+    TAG: ClassVar[str] = "jobs.stop"
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopJobs:
+    """End every job of ``owner`` (its whole process group); answered once they have all ended."""
+
+    TAG: ClassVar[str] = "jobs.stop_all"
+    owner: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountJobs:
+    TAG: ClassVar[str] = "jobs.count"
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInfo:
+    """A job as the runner knows it: ``state`` "running", "finished", "stopped" or "unknown"."""
+
+    TAG: ClassVar[str] = "jobs.info"
+    job_id: str
+    command: str
+    state: str
+    exit_code: int | None = None
+    output: str = ""
+    output_size: int = 0
+    pgid: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCount:
+    TAG: ClassVar[str] = "jobs.count_reply"
+    running: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDone:
+    """Told by the runner to the job's owner when the job ends."""
+
+    TAG: ClassVar[str] = "jobs.done"
+    job: CompletedJob
 
 
 # --------------------------------------------------------------------------------- the tool host
@@ -281,9 +461,29 @@ CONVERSATION_COMMANDS = (
     SetSessionId,
     EnableCheckpoints,
     RestoreCheckpoint,
+    RunGoalLoop,
+    RunLoop,
 )
 MESSAGES = (
     *CONVERSATION_COMMANDS,
+    LoopResult,
+    SetGoal,
+    ClearGoal,
+    RegisterWakeupTool,
+    SlotSchedule,
+    SlotTake,
+    SlotReply,
+    GetGoal,
+    GoalReply,
+    RegisterJobTools,
+    StartJob,
+    GetJob,
+    StopJob,
+    StopJobs,
+    CountJobs,
+    JobInfo,
+    JobCount,
+    JobDone,
     EnqueueResult,
     SetInterruptToken,
     CancelToken,

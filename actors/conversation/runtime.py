@@ -9,6 +9,7 @@ holds no state of the conversation: any number of facades, in any processes, may
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ import pykka
 
 from actors.conversation.journal import Sync
 from actors.conversation.messages import (
+    ClearGoal,
     CloseSession,
     CompactNow,
     CompactPartialAfter,
@@ -26,16 +28,24 @@ from actors.conversation.messages import (
     ContinueTurn,
     EnableCheckpoints,
     EnqueueText,
+    GetGoal,
     GetStatus,
     GetTranscript,
     MaybeCompact,
+    RegisterJobTools,
+    RegisterWakeupTool,
     RestoreCheckpoint,
+    RunGoalLoop,
+    RunLoop,
     RunTurn,
     SetEventSink,
+    SetGoal,
     SetInterruptToken,
     SetLlm,
     SetSessionId,
     SetTranscript,
+    SlotSchedule,
+    SlotTake,
     StatusReply,
     TranscriptReply,
     TruncateTranscript,
@@ -48,7 +58,15 @@ from actors.conversation.token import CancellationToken
 if TYPE_CHECKING:
     from actors.conversation.checkpoints import TouchedFiles
 from actors.conversation.tools import ToolRegistry
-from actors.conversation.types import ChatTokenUsage, Compactor, Message, RuntimeOutcome, SessionEnd
+from actors.conversation.types import (
+    ChatTokenUsage,
+    Compactor,
+    GoalState,
+    Message,
+    RuntimeOutcome,
+    SessionEnd,
+    Wakeup,
+)
 from transport.errors import BusError
 from transport.node import Node
 from transport.pending import chained, forbid_blocking
@@ -57,13 +75,54 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT = 10.0  # seconds ``stop`` waits for each actor it started
 
-__all__ = ["DEFAULT_TIMEOUT", "ConversationRuntime", "ConversationRuntimeBuilder"]
+__all__ = ["DEFAULT_TIMEOUT", "ConversationRuntime", "ConversationRuntimeBuilder", "WakeupSlot"]
 
 DEFAULT_TIMEOUT = 600.0  # a turn may run tools and a slow model; every call may pass its own
 
 
 def _none(value: Any) -> None:
     return None
+
+
+def _outcomes(reply: Any) -> list[RuntimeOutcome]:
+    return list(reply.outcomes)
+
+
+class WakeupSlot:
+    """A conversation's wakeup slot (A.4 ``WakeupSlot``), named by ``slot_id`` (stable across restarts: pass
+    the same id to a resumed runtime). The slot's value lives in the conversation actor, journaled with its
+    absolute due time; this object is a handle on it, bound to a runtime by ``register_wakeup_tool`` or
+    ``run_loop``. ``schedule`` replaces the value (last write wins), ``take`` reads and clears it (WK-03),
+    ``peek`` reads it."""
+
+    def __init__(self, slot_id: str | None = None) -> None:
+        self.slot_id = slot_id or uuid.uuid4().hex
+        self._rt: ConversationRuntime | None = None
+
+    def bind(self, rt: ConversationRuntime) -> None:
+        self._rt = rt
+
+    def _runtime(self) -> ConversationRuntime:
+        if self._rt is None:
+            raise ValueError(
+                "this WakeupSlot is not bound to a conversation (register_wakeup_tool or run_loop)"
+            )
+        return self._rt
+
+    def schedule(self, wakeup: Wakeup, *, timeout: float | None = None) -> None:
+        message = SlotSchedule(
+            slot=self.slot_id, delay_s=wakeup.delay_s, prompt=wakeup.prompt, reason=wakeup.reason
+        )
+        self._runtime()._call(message, timeout, _none)
+
+    def take(self, *, timeout: float | None = None) -> Wakeup | None:
+        return self._runtime()._call(SlotTake(slot=self.slot_id, clear=True), timeout, lambda r: r.wakeup)  # type: ignore[no-any-return]
+
+    def peek(self, *, timeout: float | None = None) -> Wakeup | None:
+        return self._runtime()._call(SlotTake(slot=self.slot_id, clear=False), timeout, lambda r: r.wakeup)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"WakeupSlot({self.slot_id!r})"
 
 
 class ConversationRuntime:
@@ -176,6 +235,123 @@ class ConversationRuntime:
         self, last_outcome: RuntimeOutcome | None = None, *, timeout: float | None = None
     ) -> concurrent.futures.Future[Any]:
         return self._future(CloseSession(last_outcome=last_outcome), timeout, _none)
+
+    # --------------------------------------------------------------------- goals and loops (loops.py)
+    def run_goal_loop(
+        self,
+        initial_prompt: str,
+        condition: str,
+        max_turns: int,
+        *,
+        token_budget: int | None = None,
+        timeout: float | None = None,
+    ) -> list[RuntimeOutcome]:
+        """GL-05: turns until the judge finds ``condition`` met, ``max_turns`` (or ``token_budget`` total
+        tokens) is spent, or the goal is cleared; the outcomes of every turn run. On a runtime resumed from a
+        session file whose goal loop on ``condition`` did not end, it continues that loop (its turn count
+        kept)."""
+        return self._call(  # type: ignore[no-any-return]
+            RunGoalLoop(
+                prompt=initial_prompt, condition=condition, max_turns=max_turns, token_budget=token_budget
+            ),
+            timeout,
+            _outcomes,
+        )
+
+    def run_goal_loop_future(
+        self,
+        initial_prompt: str,
+        condition: str,
+        max_turns: int,
+        *,
+        token_budget: int | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        message = RunGoalLoop(
+            prompt=initial_prompt, condition=condition, max_turns=max_turns, token_budget=token_budget
+        )
+        return self._future(message, timeout, _outcomes)
+
+    def current_goal(self, *, timeout: float | None = None) -> GoalState | None:
+        """GL-01: the goal (a frozen copy) or None; answered at once, mid-turn too."""
+        return self._call(GetGoal(), timeout, lambda r: r.goal)  # type: ignore[no-any-return]
+
+    def set_goal(
+        self, condition: str, max_turns: int, *, token_budget: int | None = None, timeout: float | None = None
+    ) -> None:
+        """GL-02/GL-04: a control, applied at once."""
+        self._call(
+            SetGoal(condition=condition, max_turns=max_turns, token_budget=token_budget), timeout, _none
+        )
+
+    def clear_goal(self, *, timeout: float | None = None) -> None:
+        """GL-03/GL-04: a control, applied at once; a running goal loop stops after its current turn."""
+        self._call(ClearGoal(), timeout, _none)
+
+    def register_wakeup_tool(
+        self, slot: WakeupSlot, *, max_delay_s: float = 7 * 24 * 3600.0, timeout: float | None = None
+    ) -> None:
+        """Give the model ``schedule_wakeup(delay_seconds, prompt=None)`` writing into ``slot`` (run by the
+        conversation actor itself, so the wakeup is journaled before the model is told). Outside a running
+        loop it answers the model an error; a delay outside [0, ``max_delay_s``] is refused."""
+        slot.bind(self)
+        self._call(RegisterWakeupTool(slot=slot.slot_id, max_delay_s=max_delay_s), timeout, _none)
+
+    def register_job_tools(self, manager: Any, *, timeout: float | None = None) -> None:
+        """Give the model ``start_job(command)``, ``job_status(job_id)`` and ``stop_job(job_id)`` on the
+        ``BackgroundJobManager``'s runner (jobs.py): commands run in its ``workdir``; their completions wake
+        ``run_event_loop``."""
+        message = RegisterJobTools(
+            runner=manager.address,
+            workdir=manager.workdir,
+            output_cap=manager.output_cap,
+            timeout_s=manager.timeout_s,
+        )
+        self._call(message, timeout, _none)
+
+    def run_loop(
+        self, initial_goal: str, wakeup_slot: WakeupSlot, *, timeout: float | None = None
+    ) -> list[RuntimeOutcome]:
+        """WK-01..07: ``initial_goal`` first; then, while a turn scheduled a wakeup in ``wakeup_slot``, sleep
+        until it is due (the injected clock; cut short by the interrupt token) and run its prompt."""
+        wakeup_slot.bind(self)
+        return self._call(  # type: ignore[no-any-return]
+            RunLoop(initial_goal=initial_goal, slot=wakeup_slot.slot_id), timeout, _outcomes
+        )
+
+    def run_loop_future(
+        self, initial_goal: str, wakeup_slot: WakeupSlot, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        wakeup_slot.bind(self)
+        return self._future(RunLoop(initial_goal=initial_goal, slot=wakeup_slot.slot_id), timeout, _outcomes)
+
+    def run_event_loop(
+        self,
+        initial_goal: str,
+        wakeup_slot: WakeupSlot,
+        bg_manager: Any = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[RuntimeOutcome]:
+        """BG-01..07: ``run_loop`` that also wakes for each completed job of ``bg_manager`` (a
+        ``BackgroundJobManager``), one job per turn, in completion order; None behaves as ``run_loop``."""
+        wakeup_slot.bind(self)
+        jobs = None if bg_manager is None else bg_manager.address
+        message = RunLoop(initial_goal=initial_goal, slot=wakeup_slot.slot_id, jobs=jobs)
+        return self._call(message, timeout, _outcomes)  # type: ignore[no-any-return]
+
+    def run_event_loop_future(
+        self,
+        initial_goal: str,
+        wakeup_slot: WakeupSlot,
+        bg_manager: Any = None,
+        *,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        wakeup_slot.bind(self)
+        jobs = None if bg_manager is None else bg_manager.address
+        message = RunLoop(initial_goal=initial_goal, slot=wakeup_slot.slot_id, jobs=jobs)
+        return self._future(message, timeout, _outcomes)
 
     # ----------------------------------------------------- configuration (applied between commands)
     def set_llm(self, model: str, *, timeout: float | None = None) -> None:
@@ -344,6 +520,7 @@ class ConversationRuntimeBuilder:
         self._timeout: float | None = DEFAULT_TIMEOUT
         self._reasoning_effort = ""
         self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+        self._loop_options: dict[str, Any] = {}
 
     def node(self, node: Node) -> ConversationRuntimeBuilder:
         """The caller's bus node (required): the facade talks through it; actors start on it by default."""
@@ -470,6 +647,35 @@ class ConversationRuntimeBuilder:
         self._operation_ids = factory
         return self
 
+    def goal_evaluator(self, evaluator: Any) -> ConversationRuntimeBuilder:
+        """A ``GoalEvaluator`` (loops.py) instead of the judge run; called off the actor thread."""
+        self._loop_options["goal_evaluator"] = evaluator
+        return self
+
+    def judge_model(self, model: str) -> ConversationRuntimeBuilder:
+        """The Router catalog model of the goal judge (default: the session's model)."""
+        self._loop_options["judge_model"] = model
+        return self
+
+    def judge_timeout(self, seconds: float) -> ConversationRuntimeBuilder:
+        """Past it a judge call is cancelled and counts as "not achieved" (default 120 s)."""
+        self._loop_options["judge_timeout"] = seconds
+        return self
+
+    def goal_judge_tail(self, n: int) -> ConversationRuntimeBuilder:
+        """How many transcript messages the judge sees (GL-09; default 20)."""
+        if n < 0:
+            raise ValueError("goal_judge_tail must be >= 0")
+        self._loop_options["goal_judge_tail"] = n
+        return self
+
+    def timers(self, timers: Any) -> ConversationRuntimeBuilder:
+        """The loops' clock and timer source (``loops.Timers``; default wall clock and threads)."""
+        self._loop_options["timers"] = timers
+        return self
+
+    clock = timers
+
     def build(self) -> ConversationRuntime:
         from actors.conversation.actor import ConversationActor, ConversationConfig
         from actors.conversation.host import ToolHostActor
@@ -508,11 +714,15 @@ class ConversationRuntimeBuilder:
             max_steps=self._max_steps,
             user_id=self._user_id,
             round_timeout=self._round_timeout,
-            **({"tool_timeout": self._tool_timeout} if self._tool_timeout is not None else {}),
-            **({"call_timeout": self._call_timeout} if self._call_timeout is not None else {}),
             reasoning_effort=self._reasoning_effort,
             operation_ids=self._operation_ids,
         )
+        extra: dict[str, Any] = dict(self._loop_options)
+        if self._tool_timeout is not None:
+            extra["tool_timeout"] = self._tool_timeout
+        if self._call_timeout is not None:
+            extra["call_timeout"] = self._call_timeout
+        config = dataclasses.replace(config, **extra)
         where.spawn(ConversationActor, name, config=config)
         facade._owned.append((where, name))
         return facade

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from actors.base import BusActor, Context
 from actors.conversation.types import (
+    LOOP_EVENTS,
     CompactionBoundary,
     MessageAppended,
     TextDelta,
@@ -38,6 +39,7 @@ EVENT_TYPES = (
     ToolCallStarted,
     ToolCallFinished,
     ToolNotice,
+    *LOOP_EVENTS,
 )
 
 

@@ -209,6 +209,137 @@ class ToolNotice:
     data: JsonValue
 
 
+# ------------------------------------------------------------------------ goals, wakeups and jobs
+# (RULES.md 9.6-9.8; loops.py). Each goal event is also a journal record (journal.py).
+
+GoalClearReason = Literal["cleared", "budget_exceeded", "token_budget_exceeded", "cancelled", "impossible"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalState:
+    """The active goal (GL-01): ``turns`` counts the goal loop's turns so far; ``tokens_used`` their total
+    tokens (checked against ``token_budget`` when one is set)."""
+
+    TAG: ClassVar[str] = "conv.goal_state"
+    condition: str
+    max_turns: int
+    turns: int = 0
+    token_budget: int | None = None
+    tokens_used: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalVerdict:
+    """An evaluator's answer: ``impossible`` True ends the loop with ``GoalCleared(reason="impossible")``."""
+
+    TAG: ClassVar[str] = "conv.goal_verdict"
+    achieved: bool
+    reason: str
+    impossible: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalSet:
+    TAG: ClassVar[str] = "conv.ev.goal_set"
+    condition: str
+    max_turns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalContinuing:
+    TAG: ClassVar[str] = "conv.ev.goal_continuing"
+    reason: str
+    turns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalAchieved:
+    TAG: ClassVar[str] = "conv.ev.goal_achieved"
+    condition: str
+    turns: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoalCleared:
+    TAG: ClassVar[str] = "conv.ev.goal_cleared"
+    reason: GoalClearReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wakeup:
+    """A wakeup in a ``WakeupSlot``: ``due`` is the absolute time (the injected clock's seconds) it fires."""
+
+    TAG: ClassVar[str] = "conv.wakeup"
+    delay_s: float
+    prompt: str | None = None
+    reason: str = ""
+    due: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeupScheduled:
+    """A wakeup was put in slot ``slot`` (by the ``schedule_wakeup`` tool or ``WakeupSlot.schedule``)."""
+
+    TAG: ClassVar[str] = "conv.ev.wakeup_scheduled"
+    slot: str
+    due: float
+    delay_s: float
+    prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeupWaiting:
+    """A loop sleeps until ``due`` (the injected clock's seconds)."""
+
+    TAG: ClassVar[str] = "conv.ev.wakeup_waiting"
+    slot: str
+    due: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeupFired:
+    TAG: ClassVar[str] = "conv.ev.wakeup_fired"
+    slot: str
+    due: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeupCancelled:
+    TAG: ClassVar[str] = "conv.ev.wakeup_cancelled"
+    slot: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletedJob:
+    """A background job's end (A.4): ``exit_code`` None when its outcome is unknown (its runner died)."""
+
+    TAG: ClassVar[str] = "conv.completed_job"
+    job_id: str
+    command: str
+    exit_code: int | None
+    output: str
+    completed_at_ms: int
+    output_size: int = 0  # the full output's size in bytes (``output`` may be its capped tail)
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStarted:
+    TAG: ClassVar[str] = "conv.ev.job_started"
+    job_id: str
+    command: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFinished:
+    TAG: ClassVar[str] = "conv.ev.job_finished"
+    job_id: str
+    exit_code: int | None
+    lost: bool = False
+
+
 AgentEvent = (
     MessageAppended
     | TurnFinished
@@ -217,6 +348,16 @@ AgentEvent = (
     | ToolCallStarted
     | ToolCallFinished
     | ToolNotice
+    | GoalSet
+    | GoalContinuing
+    | GoalAchieved
+    | GoalCleared
+    | WakeupScheduled
+    | WakeupWaiting
+    | WakeupFired
+    | WakeupCancelled
+    | JobStarted
+    | JobFinished
 )
 
 
@@ -261,4 +402,31 @@ TYPES = (
     ToolNotice,
     SessionEnd,
     Compactor,
+    GoalState,
+    GoalVerdict,
+    GoalSet,
+    GoalContinuing,
+    GoalAchieved,
+    GoalCleared,
+    Wakeup,
+    WakeupScheduled,
+    WakeupWaiting,
+    WakeupFired,
+    WakeupCancelled,
+    CompletedJob,
+    JobStarted,
+    JobFinished,
+)
+
+LOOP_EVENTS = (
+    GoalSet,
+    GoalContinuing,
+    GoalAchieved,
+    GoalCleared,
+    WakeupScheduled,
+    WakeupWaiting,
+    WakeupFired,
+    WakeupCancelled,
+    JobStarted,
+    JobFinished,
 )

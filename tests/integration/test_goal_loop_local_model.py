@@ -1,0 +1,92 @@
+"""A goal loop on the real embedded model (SmolLM2-135M) with the default judge on the Router (issue 12).
+
+The judge's catalog entry forces its one tool (``tool_choice = "required"``), so llama.cpp generates the
+verdict's call under a JSON grammar; whatever the small model decides, the loop ends within ``max_turns``
+with the goal events in order, and every provider turn (the turns and the judge calls) has one receipt.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from peers.conversation_kit import CaptureSink
+
+from actors.conversation import ConversationRuntime, ToolRegistry, read_journal
+from actors.conversation.types import GoalAchieved, GoalCleared, GoalContinuing, GoalSet
+from actors.nodes import registry
+from actors.router.actor import RouterActor
+from actors.router.catalog import ModelCatalog
+from actors.router.client import RouterClient
+from transport import Node
+
+pytestmark = pytest.mark.integration
+
+MODEL = {"provider_model": "SmolLM2-135M-Instruct", "context_window": 4096, "max_input_tokens": 3500}
+CATALOG = {
+    "providers": {
+        "chat": {
+            "kind": "local",
+            "tool_choice": "none",
+            "temperature": 0.0,
+            "seed": 7,
+            "max_output_tokens": 32,
+        },
+        "judge": {
+            "kind": "local",
+            "tool_choice": "required",
+            "temperature": 0.0,
+            "seed": 7,
+            "max_output_tokens": 64,
+        },
+    },
+    "models": {"smol-chat": {"provider": "chat", **MODEL}, "smol-judge": {"provider": "judge", **MODEL}},
+}
+
+
+def test_a_goal_loop_on_the_embedded_model_ends_within_max_turns_with_one_receipt_per_provider_turn(
+    make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    node = make_node("n1", registry=registry())
+    node.spawn(RouterActor, "router", catalog=ModelCatalog.from_mapping(CATALOG), data_dir=tmp_path)
+    sink = CaptureSink()
+    operation = uuid.uuid4()
+    session = tmp_path / "s.jsonl"
+    rt = (
+        ConversationRuntime.builder()
+        .node(node)
+        .llm("smol-chat")
+        .judge_model("smol-judge")
+        .tools(ToolRegistry())
+        .event_sink(sink)
+        .session_file(session)
+        .operation_ids(lambda: operation)
+        .timeout(600.0)
+        .build()
+    )
+    try:
+        outcomes = rt.run_goal_loop("Say the word 'blue'.", "The assistant said the word blue.", 3)
+        end = sink.wait_for(lambda e: isinstance(e, GoalAchieved | GoalCleared), timeout=60)
+        events = sink.of(GoalSet, GoalContinuing, GoalAchieved, GoalCleared)
+        assert 1 <= len(outcomes) <= 3
+        assert isinstance(events[0], GoalSet) and events[-1] == end
+        assert all(isinstance(e, GoalContinuing) for e in events[1:-1])
+        judged = (
+            len(events) - 2 + (0 if isinstance(end, GoalCleared) and end.reason == "budget_exceeded" else 1)
+        )
+        if isinstance(end, GoalCleared):
+            assert end.reason in ("budget_exceeded", "impossible")
+            assert end.reason != "budget_exceeded" or len(outcomes) == 3
+        receipts = RouterClient(node, "n1/router").receipts_for(operation, timeout=60)
+        assert len(receipts) == len(outcomes) + judged
+        assert len({r.receipt_id for r in receipts}) == len(receipts)
+        assert rt.current_goal() is None and read_journal(session).loops.goal is None
+        print(
+            "goal loop on smollm2:",
+            [type(e).__name__ for e in events],
+            [getattr(e, "reason", "") for e in events],
+        )
+    finally:
+        rt.stop()

@@ -1,0 +1,394 @@
+"""Background jobs and run_event_loop (RULES.md 9.8, BG-01..BG-07; actors/conversation/jobs.py).
+
+Real shell jobs (``/bin/sh``) on a ``JobRunnerActor`` in this process (the other-process runner and its
+SIGKILL are in tests/integration/test_conversation_loops_processes.py); a scripted model; a ManualClock
+for wakeups. Jobs finish "during a turn" while the turn is held in a gate tool: the test waits (bounded) for
+each ``JobFinished`` event, then opens the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from peers.conversation_kit import WAIT, Env, call, env_fixture, text
+from peers.loop_kit import ManualClock
+
+from actors.conversation import CancellationToken, ToolCallFinished, read_journal
+from actors.conversation.jobs import BackgroundJobManager, JobRunnerActor, injected_text
+from actors.conversation.runtime import WakeupSlot
+from actors.conversation.types import JobFinished, JobStarted, MessageAppended, TurnFinished
+from transport.node import Node
+
+
+@pytest.fixture
+def env(make_node: Callable[..., Node], tmp_path: Path) -> Iterator[Env]:
+    yield from env_fixture(make_node, tmp_path)
+
+
+def setup(
+    env: Env, tmp_path: Path, *, cap: int = 16384, **options: Any
+) -> tuple[Any, WakeupSlot, Any, ManualClock]:
+    clock = ManualClock()
+    rt = env.build(timers=clock, **options)
+    manager = BackgroundJobManager.spawn(
+        env.node, f"jobs-{len(env.built)}", workdir=str(tmp_path), output_cap=cap
+    )
+    rt.register_job_tools(manager)
+    slot = WakeupSlot("s1")
+    rt.register_wakeup_tool(slot, max_delay_s=3600)
+    return rt, slot, manager, clock
+
+
+def start(command: str, call_id: str) -> dict[str, Any]:
+    return call("start_job", call_id, command=command)
+
+
+def finished(env: Env, n: int) -> list[JobFinished]:
+    env.sink.wait_for(lambda e: isinstance(e, JobFinished) and len(env.sink.of(JobFinished)) >= n)
+    return env.sink.of(JobFinished)
+
+
+def started_ids(env: Env) -> dict[str, str]:
+    return {e.command: e.job_id for e in env.sink.of(JobStarted)}
+
+
+def users(rt: Any) -> list[str]:
+    return [m.content for m in rt.transcript() if m.role == "user"]
+
+
+def test_bg02_a_completed_jobs_output_is_the_next_turns_goal(env: Env, tmp_path: Path) -> None:
+    """BG-02: job completes with output "42" → turn 2's user text is the injected completion with it."""
+    rt, slot, manager, _ = setup(env, tmp_path)
+    env.script(start("echo 42", "j1"), call("gate", "g", key="G"), text("started"))
+    env.script(text("the job said 42"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    outcomes = future.result(WAIT)
+    assert len(outcomes) == 2
+    job_id = started_ids(env)["echo 42"]
+    assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42\n"
+
+
+def test_bg06_two_completions_during_one_turn_make_two_turns_in_completion_order(
+    env: Env, tmp_path: Path
+) -> None:
+    """BG-06: two jobs finish during turn 1 (the one started second finishes first) → turns 2 and 3 each
+    get one completion, in completion order, each exactly once."""
+    rt, slot, manager, _ = setup(env, tmp_path)
+    slow = "while [ ! -f go ]; do sleep 0.01; done; echo slow"
+    env.script(start(slow, "j1"), start("echo fast", "j2"), call("gate", "g", key="G"), text("both started"))
+    env.script(text("saw one"))
+    env.script(text("saw the other"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    first = finished(env, 1)[0]
+    (tmp_path / "go").write_text("")
+    second = finished(env, 2)[1]
+    env.gates.open("G")
+    outcomes = future.result(WAIT)
+    assert len(outcomes) == 3
+    ids = started_ids(env)
+    assert [first.job_id, second.job_id] == [ids["echo fast"], ids[slow]]
+    assert users(rt)[1].startswith(f"[Background job {ids['echo fast']} completed (exit 0)]\nfast")
+    assert users(rt)[2].startswith(f"[Background job {ids[slow]} completed (exit 0)]\nslow")
+    assert sum("[Background job" in u for u in users(rt)) == 2
+
+
+def test_bg01_both_sources_are_checked_after_every_turn(env: Env, tmp_path: Path) -> None:
+    """BG-01: after turn 1 a completion is found, after turn 2 the wakeup that turn scheduled."""
+    rt, slot, manager, clock = setup(env, tmp_path)
+    env.script(start("echo a", "j1"), call("gate", "g", key="G"), text("t1"))
+    env.script(call("schedule_wakeup", "w", delay_seconds=5), text("t2"))
+    env.script(text("t3"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    clock.wait_timer()
+    clock.advance(5)
+    assert [o.final_text for o in future.result(WAIT)] == ["t1", "t2", "t3"]
+    assert users(rt)[2] == "go"
+
+
+def test_bg03_a_wakeup_and_no_job_sleeps_then_continues(env: Env, tmp_path: Path) -> None:
+    """BG-03: as WK-02, through run_event_loop."""
+    rt, slot, manager, clock = setup(env, tmp_path)
+    env.script(call("schedule_wakeup", "w", delay_seconds=30), text("t1"))
+    env.script(text("t2"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    clock.wait_timer()
+    assert clock.set_delays == [30.0] and len(env.p1.turns) == 1
+    clock.advance(30)
+    assert len(future.result(WAIT)) == 2
+
+
+def test_bg04_neither_a_completion_nor_a_wakeup_ends_the_loop_with_jobs_running(
+    env: Env, tmp_path: Path
+) -> None:
+    """BG-04: one running job, nothing completed, no wakeup → the loop returns after the turn."""
+    rt, slot, manager, _ = setup(env, tmp_path)
+    env.script(start("sleep 30", "j1"), text("started"))
+    outcomes = rt.run_event_loop("go", slot, manager)
+    assert len(outcomes) == 1
+    assert manager.running_count() == 1
+    rt.close()
+    assert manager.running_count() == 0
+
+
+def test_bg05_a_completion_runs_before_a_wakeup_which_stays(env: Env, tmp_path: Path) -> None:
+    """BG-05: both present → the job turn runs at once (no timer set, the clock not advanced), then the
+    wakeup turn after its delay."""
+    rt, slot, manager, clock = setup(env, tmp_path)
+    env.script(
+        start("echo j", "j1"),
+        call("schedule_wakeup", "w", delay_seconds=10, prompt="wake"),
+        call("gate", "g", key="G"),
+        text("t1"),
+    )
+    env.script(text("t2"))
+    env.script(text("t3"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    env.sink.wait_for(lambda e: isinstance(e, TurnFinished) and e.turn_index == 1)
+    clock.wait_timer()
+    assert clock.set_delays == [10.0 - 0.0]  # set only after the job turn, with the clock not advanced
+    assert users(rt)[1].startswith("[Background job")
+    clock.advance(10)
+    assert len(future.result(WAIT)) == 3
+    assert users(rt)[2] == "wake"
+
+
+def test_bg07_no_manager_behaves_like_run_loop(env: Env, tmp_path: Path) -> None:
+    """BG-07: the same script through run_loop and run_event_loop(None) → the same outcomes and events."""
+    traces = []
+    for loop in ("run_loop", "run_event_loop"):
+        env.sink.events.clear()
+        clock = ManualClock()
+        rt = env.build(timers=clock)
+        slot = WakeupSlot(f"s-{loop}")
+        rt.register_wakeup_tool(slot)
+        env.script(call("schedule_wakeup", "w", delay_seconds=3), text("t1"))
+        env.script(text("t2"))
+        future = (
+            rt.run_loop_future("go", slot)
+            if loop == "run_loop"
+            else rt.run_event_loop_future("go", slot, None)
+        )
+        clock.wait_timer()
+        clock.advance(3)
+        outcomes = future.result(WAIT)
+        env.sink.wait_for(lambda e: isinstance(e, TurnFinished) and e.turn_index == 1)
+        shape = [type(e).__name__ for e in env.sink.of(object) if not isinstance(e, MessageAppended)]
+        traces.append(([(o.final_text, o.finish_reason, o.turn_index) for o in outcomes], shape))
+    assert traces[0] == traces[1]
+
+
+def test_the_injected_output_is_capped_to_its_tail_with_the_full_size(env: Env, tmp_path: Path) -> None:
+    rt, slot, manager, _ = setup(env, tmp_path, cap=100)
+    command = "i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done"
+    env.script(start(command, "j1"), call("gate", "g", key="G"), text("t1"))
+    env.script(text("t2"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    future.result(WAIT)
+    injected = users(rt)[1]
+    assert injected.rstrip().endswith("[output: the last 100 of 2290 bytes]")
+    assert "line299" in injected and "line0\n" not in injected
+
+
+def test_job_status_and_stop_job_tools(env: Env, tmp_path: Path) -> None:
+    rt, _, _, _ = setup(env, tmp_path)
+    env.script(start("echo hi; sleep 30", "j1"), text("t"))
+    rt.run("start it")
+    job_id = started_ids(env)["echo hi; sleep 30"]
+    env.script(
+        call("job_status", "s1", job_id=job_id),
+        call("stop_job", "s2", job_id=job_id),
+        call("job_status", "s3", job_id="nope"),
+        text("t"),
+    )
+    rt.run("check it")
+    results = [e for e in env.sink.of(ToolCallFinished) if e.name in ("job_status", "stop_job")]
+    assert results[0].ok and results[0].text.startswith(f"job {job_id}: running")
+    assert results[1].ok
+    assert not results[2].ok and "no job 'nope'" in results[2].text
+    assert finished(env, 1)[0].exit_code is None  # stopped: its group killed
+
+
+def test_close_ends_the_jobs_whole_process_group(env: Env, tmp_path: Path) -> None:
+    """Closing the conversation ends its jobs' process groups: a grandchild of the job is gone after it."""
+    rt, _, manager, _ = setup(env, tmp_path)
+    os.mkfifo(tmp_path / "child.fifo")
+    fifo = tmp_path / "child.fifo"
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the job's write-open never blocks
+    command = "sleep 300 & echo $! > child.fifo; wait"
+    env.script(start(command, "j1"), text("t"))
+    rt.run("start it")
+    job_id = started_ids(env)[command]
+    pgid = manager.status(job_id).pgid
+    assert pgid > 0
+    child = read_fd(reader)
+    rt.close()
+    assert gone(child) and gone(pgid)
+
+
+def read_fd(fd: int) -> int:
+    """The pid the job writes into the fifo open at ``fd`` (a bounded wait on the pipe, no polling)."""
+    try:
+        data = b""
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], WAIT)
+            assert ready, "the job never wrote its child's pid"
+            chunk = os.read(fd, 64)
+            assert chunk or data, "the fifo closed empty"
+            data += chunk
+        return int(data)
+    finally:
+        os.close(fd)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (killed, not yet reaped by its new parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def test_a_finished_but_undelivered_job_is_delivered_once_after_a_resume(env: Env, tmp_path: Path) -> None:
+    """Crash after the completion was journaled and before its turn: the resumed runtime delivers it once."""
+    path = tmp_path / "s.jsonl"
+    rt, slot, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start("echo done", "j1"), call("gate", "g", key="G"), text("t1"))
+    env.script(text("t2"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    env.gates.open("G")
+    future.result(WAIT)
+    assert len(read_journal(crashed).loops.undelivered) == 1
+    rt2, slot2, manager2, _ = setup(env, tmp_path, session_file=crashed)
+    env.script(text("resumed turn"))
+    env.script(text("delivered"))
+    env.script(text("never"))
+    outcomes = rt2.run_event_loop("go on", slot2, manager2)
+    assert [o.final_text for o in outcomes] == ["resumed turn", "delivered"]
+    assert sum(u.startswith("[Background job") for u in users(rt2)) == 1
+    assert read_journal(crashed).loops.undelivered == ()
+
+
+def test_a_job_whose_runner_died_is_reported_once_as_lost(env: Env, tmp_path: Path) -> None:
+    """The runner stops while the job runs (the job dies with it); a conversation resumed from its journal
+    asks the (new, empty) runner, finds the job unknown, and delivers it once as lost, outcome unknown."""
+    path = tmp_path / "s.jsonl"
+    clock = ManualClock()
+    rt = env.build(timers=clock, session_file=path)
+    runner = env.node.spawn(JobRunnerActor, "runner")
+    manager = BackgroundJobManager(env.node, f"{env.node.name}/runner", workdir=str(tmp_path))
+    rt.register_job_tools(manager)
+    env.script(start("sleep 300", "j1"), text("started"))
+    rt.run("start")
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    runner.stop()
+    env.node.spawn(JobRunnerActor, "runner")  # the runner's restart: it knows no job
+    rt2 = env.build(timers=clock, session_file=crashed)
+    rt2.register_job_tools(manager)
+    lost = env.sink.wait_for(lambda e: isinstance(e, JobFinished) and e.lost)
+    slot = WakeupSlot("s9")
+    rt2.register_wakeup_tool(slot)
+    env.script(text("t1"))
+    env.script(text("noted the loss"))
+    outcomes = rt2.run_event_loop("go", slot, manager)
+    assert len(outcomes) == 2
+    assert users(rt2)[-1].startswith(f"[Background job {lost.job_id} lost")
+    assert len([e for e in env.sink.of(JobFinished) if e.lost]) == 1
+
+
+def test_cancelling_the_loop_stops_its_jobs(env: Env, tmp_path: Path) -> None:
+    rt, slot, manager, clock = setup(env, tmp_path)
+    token = CancellationToken()
+    rt.set_interrupt_token(token)
+    env.script(start("sleep 300", "j1"), call("schedule_wakeup", "w", delay_seconds=60), text("t1"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    clock.wait_timer()
+    token.cancel()
+    assert len(future.result(WAIT)) == 1
+    env.sink.wait_for(lambda e: isinstance(e, JobFinished))
+    assert manager.running_count() == 0
+
+
+def test_injected_text_format() -> None:
+    from actors.conversation.types import CompletedJob
+
+    job = CompletedJob(job_id="j", command="c", exit_code=2, output="out", completed_at_ms=0, output_size=3)
+    assert injected_text(job) == "[Background job j completed (exit 2)]\nout"
+    assert json.dumps(injected_text(job))
+
+
+def test_a_completion_told_twice_is_delivered_once(env: Env, tmp_path: Path) -> None:
+    """BG-06 "exactly once": a repeated JobDone for a job (a runner retrying, a resume that asked again) is
+    ignored: one JobFinished, one delivering turn."""
+    from actors.conversation.messages import JobDone
+    from actors.conversation.types import CompletedJob
+
+    rt, slot, manager, _ = setup(env, tmp_path)
+    env.script(start("echo once", "j1"), call("gate", "g", key="G"), text("t1"))
+    env.script(text("t2"))
+    env.script(text("t3 must not run"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    done = finished(env, 1)[0]
+    repeat = CompletedJob(
+        job_id=done.job_id, command="echo once", exit_code=0, output="once\n", completed_at_ms=1
+    )
+    env.node.request(rt.address, JobDone(job=repeat), timeout=WAIT)
+    env.gates.open("G")
+    assert [o.final_text for o in future.result(WAIT)] == ["t1", "t2"]
+    assert len(env.sink.of(JobFinished)) == 1
+    assert sum(u.startswith("[Background job") for u in users(rt)) == 1
+
+
+def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) -> None:
+    """start_job(callable=NAME) runs a function registered on the runner; its return value is the output; an
+    unknown name is an error result naming the callables there."""
+    clock = ManualClock()
+    rt = env.build(timers=clock)
+    manager = BackgroundJobManager.spawn(
+        env.node, "pyjobs", callables={"answer": lambda: 42}, workdir=str(tmp_path)
+    )
+    rt.register_job_tools(manager)
+    slot = WakeupSlot("s1")
+    rt.register_wakeup_tool(slot)
+    env.script(
+        call("start_job", "j1", callable="answer"),
+        call("start_job", "j2", callable="nope"),
+        call("gate", "g", key="G"),
+        text("t1"),
+    )
+    env.script(text("t2"))
+    future = rt.run_event_loop_future("go", slot, manager)
+    env.gates.wait_entered("G")
+    finished(env, 1)
+    env.gates.open("G")
+    assert len(future.result(WAIT)) == 2
+    job_id = started_ids(env)["callable:answer"]
+    assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42"
+    refused = next(e for e in env.sink.of(ToolCallFinished) if e.call_id == "j2")
+    assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
