@@ -24,7 +24,7 @@ from transport import BusError, KeyPair, Node, NotDelivered, Peer, Security, Sec
 from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, new_id
 from transport.messages import SYSTEM_MESSAGES, Echo
-from transport.security import create_keys, load_public_key
+from transport.security import ZapService, create_keys, load_public_key
 
 pytestmark = pytest.mark.integration
 
@@ -249,6 +249,86 @@ def test_auth_set_by_the_sender_is_cleared_without_authentication(
             header, reply = recv_reply(sock)
             assert header.corr == sent
             assert reply.text == "", f"{actor}: a sender-set auth survived"
+
+
+# ------------------------------------------------------------------------------ the ZAP authenticator
+@pytest.fixture
+def own_context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    """A private ZeroMQ context, so no other test's nodes share its authenticator; terminated at the end."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ZapService.close(ctx)  # term() waits for every socket, the ZAP socket included
+    ctx.term()
+
+
+def zap_status(ctx: zmq.Context[zmq.Socket[bytes]], domain: str, key: KeyPair) -> bytes:
+    """Ask the context's ZAP handler (RFC 27) whether ``key`` may connect to ``domain``: b"200" or b"400"."""
+    req: zmq.Socket[bytes] = ctx.socket(zmq.REQ)
+    try:
+        req.linger = 0
+        req.connect("inproc://zeromq.zap.01")
+        req.send_multipart(
+            [b"1.0", b"1", domain.encode(), b"127.0.0.1", b"", b"CURVE", zmq.utils.z85.decode(key.public)]
+        )
+        assert req.poll(int(WAIT * 1000)), "the ZAP handler did not answer"
+        return req.recv_multipart()[2]
+    finally:
+        req.close(0)
+
+
+def test_curve_nodes_started_one_after_another_on_one_context_all_bind(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Issue 18 item 10: a node stopping used to stop the context's ZAP authenticator; libzmq frees the
+    ZAP endpoint later, on its reaper thread, so the next node's authenticator failed to bind it ("Address
+    already in use", seen once in the suite and at nearly every try in a tight loop)."""
+    keys = KeyPair.generate()
+    for i in range(30):
+        node = Node(f"n{i}", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys), context=own_context)
+        node.start()  # raised ZMQError(EADDRINUSE) from the second node on, before the fix
+        node.stop()
+
+
+def test_the_zap_endpoint_survives_register_and_unregister_in_a_loop(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    for _ in range(200):
+        ZapService.register(own_context, "d", {})
+        ZapService.unregister(own_context, "d")
+    # And after an explicit close, the next register waits (bounded) for libzmq to release the endpoint.
+    for _ in range(50):
+        ZapService.register(own_context, "d", {})
+        ZapService.close(own_context)
+
+
+def test_a_stopped_nodes_domain_is_refused_while_another_node_keeps_the_authenticator(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """The authenticator outlives a node, so removing the node's domain must close the door (fail closed)."""
+    client = KeyPair.generate()
+    a = Node(
+        "a",
+        bind=["tcp://127.0.0.1:*"],
+        security=Security(keys=KeyPair.generate(), allow={client.public: "c"}),
+        context=own_context,
+    ).start()
+    b = Node(
+        "b",
+        bind=["tcp://127.0.0.1:*"],
+        security=Security(keys=KeyPair.generate(), allow={client.public: "c"}),
+        context=own_context,
+    ).start()
+    try:
+        assert zap_status(own_context, "a", client) == b"200"
+        assert zap_status(own_context, "a", KeyPair.generate()) == b"400"
+        a.stop()
+        assert zap_status(own_context, "a", client) == b"400"  # its domain is gone
+        assert zap_status(own_context, "b", client) == b"200"  # the other node's is not
+        b.stop()
+        assert zap_status(own_context, "b", client) == b"400"  # no domain left: everything is refused
+    finally:
+        a.stop()
+        b.stop()
 
 
 # ------------------------------------------------------------------------------------------ key files
