@@ -1,8 +1,11 @@
 """The bridge between pykka mailboxes and the bus: ``BusActor`` and the per-message ``Context``.
 
-An actor's thread is its only lock. A handler never kills its actor for bad input: a decode failure, a
-``BusError`` or any other exception becomes an error reply (for a request) or an error tell back to the
-sender (for a tell), and the actor goes on serving. An actor never blocks on another actor's reply: it sends
+An actor's thread is its only lock. No input, and no failure while answering it, stops an actor: a decode
+failure, a ``BusError`` or any other exception becomes an error reply (for a request) or an error tell back
+to the sender (for a tell), and the actor goes on serving. An error reply is bounded (texts cut, their
+original size noted; fields that cannot travel dropped, saying so); a reply that cannot be encoded is
+answered with that error; an answer that cannot be sent, and a failure past all of these, is counted in
+``node.stats`` (``answer_send_failures``, ``actor_input_failures``) and logged once per actor, never raised. An actor never blocks on another actor's reply: it sends
 a request with a continuation (``ask``) and the reply arrives through its own mailbox.
 """
 
@@ -53,7 +56,12 @@ DEFER = Deferred()
 
 
 class Context:
-    """The request being handled: its header and the way to answer it (once, finally)."""
+    """The request being handled: its header and the way to answer it (once, finally).
+
+    Answering never raises for the answer's sake: a reply that cannot be encoded is answered with that
+    error instead, an error is bounded in size (``Registry.encode_error``), and a send that fails is
+    counted and logged once per actor (``BusActor.answer_failures``).
+    """
 
     __slots__ = ("_actor", "done", "header", "route")
 
@@ -68,31 +76,48 @@ class Context:
         return self.header.is_request
 
     def partial(self, message: Any) -> None:
-        """One partial reply of a streamed request (ignored for a plain ask: it has one reply only)."""
+        """One partial reply of a streamed request (ignored for a plain ask: it has one reply only).
+
+        Raises (to the handler, which then fails the request) when ``message`` cannot be encoded."""
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if self.header.flow == "stream":
-            self._actor._answer(self, message, "part")
+            node = self._actor.node
+            self._actor._send_answer(
+                self, node.registry.tag_of(message), node.registry.encode(message), "part"
+            )
 
     def reply(self, message: Any) -> None:
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
-        self.done = True
-        self._actor._open.pop(self.header.id, None)
-        if self.header.is_request:
-            self._actor._answer(self, message, "reply")
+        if not self.header.is_request:
+            self._finish()
+            return
+        registry = self._actor.node.registry
+        try:
+            tag, body = registry.tag_of(message), registry.encode(message)
+        except Exception as exc:  # noqa: BLE001 - a reply that cannot travel is answered with why
+            self.fail(exc)
+            return
+        self._finish()
+        self._actor._send_answer(self, tag, body, "reply")
 
     def fail(self, error: BaseException) -> None:
         """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
+        self._finish()
+        if self.header.is_request:
+            flow = "reply"
+        elif self.header.flow == "tell" and self.header.kind != ErrorReply.TAG:
+            flow = "tell"
+        else:
+            return
+        self._actor._send_answer(self, ErrorReply.TAG, self._actor.node.registry.encode_error(error), flow)
+
+    def _finish(self) -> None:
         self.done = True
         self._actor._open.pop(self.header.id, None)
-        body = self._actor.node.registry.error_reply(error)
-        if self.header.is_request:
-            self._actor._answer(self, body, "reply")
-        elif self.header.flow == "tell" and self.header.kind != ErrorReply.TAG:
-            self._actor._answer(self, body, "tell")
 
 
 class BusActor(pykka.ThreadingActor):
@@ -125,6 +150,8 @@ class BusActor(pykka.ThreadingActor):
         self.name = address.partition("/")[2]
         self._continuations: dict[bytes, Callable[[Reply], None]] = {}
         self._open: dict[bytes, Context] = {}  # deferred requests not yet answered
+        self.answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
+        self.input_failures = 0  # inbound messages whose handling failed past every error reply
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -155,6 +182,7 @@ class BusActor(pykka.ThreadingActor):
             timeout=timeout if timeout is not None else node.request_timeout,
             **fields,
         )
+        body = node.registry.encode(message)  # raises to the caller before anything is registered
         self._continuations[header.id] = then
         ref = self.actor_ref
 
@@ -164,7 +192,7 @@ class BusActor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 log.info("%s stopped before its reply arrived", self.address)
 
-        node.send(header, node.registry.encode(message), deliver=deliver, timeout=timeout)
+        node.send(header, body, deliver=deliver, timeout=timeout)
         return header.id
 
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
@@ -237,7 +265,13 @@ class BusActor(pykka.ThreadingActor):
         error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
         value = None if error is not None else future.result()
         if done.then is not None:
-            done.then(value, error)
+            try:
+                done.then(value, error)
+            except Exception as exc:  # a bug in the continuation answers the request
+                log.exception("%s: continuation for %s raised", self.address, ctx.header.kind)
+                if not ctx.done:
+                    ctx.fail(exc)
+                return
         if ctx.done:
             return
         if error is not None:
@@ -250,6 +284,20 @@ class BusActor(pykka.ThreadingActor):
         raise TypeError(f"{self.address}: unexpected local message {type(message).__name__}")
 
     def _inbound(self, inbound: Inbound) -> None:
+        # The invariant of every actor: no input, and no failure while answering it, stops the actor.
+        try:
+            self._inbound_unguarded(inbound)
+        except Exception:  # past every error reply: counted, logged once, the actor lives
+            self.input_failures += 1
+            self.node.stats.incr("actor_input_failures")
+            if self.input_failures == 1:
+                log.exception(
+                    "%s: handling %s failed (counted from now on, logged only once)",
+                    self.address,
+                    inbound.header.kind,
+                )
+
+    def _inbound_unguarded(self, inbound: Inbound) -> None:
         header = inbound.header
         node = self.node
         if node.capture is not None:
@@ -282,20 +330,33 @@ class BusActor(pykka.ThreadingActor):
             return
         ctx.reply(Ok() if result is None else result)
 
-    def _answer(self, ctx: Context, message: Any, flow: str) -> None:
+    def _send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
+        """Send an encoded answer to ``ctx``'s sender; a failure is counted and logged once, never raised."""
         node = self.node
         header = ctx.header
-        reply = node.header(
-            node.registry.tag_of(message),
-            self.address,
-            header.src,
-            flow,  # type: ignore[arg-type]
-            corr=header.id,
-            conv=header.conv,
-            turn=header.turn,
-        )
-        route = ctx.route if node_of(header.src) != node.name else None
-        node.send(reply, node.registry.encode(message), route=route)
+        try:
+            reply = node.header(
+                tag,
+                self.address,
+                header.src,
+                flow,  # type: ignore[arg-type]
+                corr=header.id,
+                conv=header.conv,
+                turn=header.turn,
+            )
+            route = ctx.route if node_of(header.src) != node.name else None
+            node.send(reply, body, route=route)
+        except Exception:  # an answer that cannot be sent must not stop the actor
+            self.answer_failures += 1
+            node.stats.incr("answer_send_failures")
+            if self.answer_failures == 1:
+                log.warning(
+                    "%s: could not send a %s answer to %s (counted from now on, logged only once)",
+                    self.address,
+                    flow,
+                    header.src,
+                    exc_info=True,
+                )
 
     def _record_reply(self, request_id: bytes, reply: Reply) -> None:
         node = self.node
@@ -325,9 +386,9 @@ class BusActor(pykka.ThreadingActor):
         if then is None:
             log.info("%s: dropped a reply to %s nobody waits for", self.address, arrived.request_id.hex())
             return
-        if self.node.capture is not None:
-            self._record_reply(arrived.request_id, reply)
         try:
+            if self.node.capture is not None:
+                self._record_reply(arrived.request_id, reply)
             then(reply)
         except Exception:
             log.exception("%s: continuation for %s raised", self.address, arrived.request_id.hex())

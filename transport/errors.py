@@ -100,6 +100,17 @@ class RemoteError(BusError):
     WIRE = "remote"
 
 
+MAX_ERROR_TEXT = 2000
+"""Characters of an error's message that travel (or are logged); the rest is cut, its size noted."""
+
+
+def cut_text(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """``text`` if it fits in ``limit`` characters, else its start and a note of the size it had."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [cut: {len(text)} characters in all]"
+
+
 # Names the spec (RULES.md C.1, MB-04, MB-10) uses for the same outcomes.
 BusTimeout = Expired
 ActorUnavailable = Unavailable

@@ -20,7 +20,7 @@ import zmq
 from transport.codec import encode_header
 from transport.envelope import REPLY_FLOWS, Header, Inbound, Route, node_of
 from transport.errors import NotDelivered, ProtocolError, Unavailable
-from transport.messages import Hello, Resolve, Resolved
+from transport.messages import ErrorReply, Hello, Resolve, Resolved
 from transport.security import SecurityError, user_id
 from transport.sockets import (
     Peer,
@@ -49,6 +49,7 @@ class IoThread(threading.Thread):
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self.poll_until = 0.0  # monotonic time the current poll may sleep until
+        self.input_failures = 0
         self.routers: list[tuple[Sock, bool]] = []  # (socket, uses CURVE)
         self.dealers: dict[str, tuple[Sock, Sock, Peer]] = {}  # peer -> (dealer, monitor, peer)
         self.connected: dict[str, threading.Event] = {}
@@ -195,6 +196,18 @@ class IoThread(threading.Thread):
             self._flush()
 
     def _inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
+        # No frame may stop the I/O thread: a failure routing one is counted and logged once.
+        try:
+            self._route_inbound(head, body, route, auth)
+        except Exception:  # the node's one I/O thread outlives any frame
+            self.input_failures += 1
+            self.node.stats.incr("io_input_failures")
+            if self.input_failures == 1:
+                log.exception(
+                    "node %s: routing an inbound frame failed (counted, logged once)", self.node.name
+                )
+
+    def _route_inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
         node = self.node
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
@@ -240,13 +253,12 @@ class IoThread(threading.Thread):
         node = self.node
         try:
             query = node.registry.decode(Resolve.TAG, body)
-            answer: Any = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+            answer = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+            tag, encoded = Resolved.TAG, node.registry.encode(answer)
         except ProtocolError as exc:
-            answer = node.registry.error_reply(exc)
-        reply = node.header(
-            node.registry.tag_of(answer), node.directory_address, header.src, "reply", corr=header.id
-        )
-        self._reply(route, [encode_header(reply), node.registry.encode(answer)], reply)
+            tag, encoded = ErrorReply.TAG, node.registry.encode_error(exc)
+        reply = node.header(tag, node.directory_address, header.src, "reply", corr=header.id)
+        self._reply(route, [encode_header(reply), encoded], reply)
 
     # ---------------------------------------------------------------------------------- commands
     def _command(self, item: tuple[Any, ...]) -> None:

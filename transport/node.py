@@ -770,7 +770,7 @@ class Node:
                 "reply" if header.is_request else "tell",
                 corr=header.id,
             )
-            self.send(reply, self.registry.encode(self.registry.error_reply(error)), route=route)
+            self.send(reply, self.registry.encode_error(error), route=route)
         else:
             self.stats.incr("dropped_replies")
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -644,6 +645,34 @@ def test_hostile_frames_on_the_socket_are_counted_and_dropped(pair: tuple[Node, 
         assert reply.corr == ping.id
         assert b.registry.decode(reply.kind, parts[2]) == Pong(nonce=9, actor="b/echo")
         assert b.stats["malformed"] == 3
+    finally:
+        sock.close(0)
+
+
+def test_a_directory_query_of_many_unknown_fields_does_not_stop_the_io_thread(
+    pair: tuple[Node, Node],
+) -> None:
+    """Issue 18 item 1, on the I/O thread: its error reply used to outgrow a frame, and the exception
+    raised while encoding it ended the thread (and with it the node)."""
+    _a, b = pair
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(b.endpoints[0])
+        hostile = Header(
+            id=new_id(), kind="sys.resolve", src="raw/client", dst="b/node", flow="ask", ts=time.time()
+        )
+        body = msgpack.packb({"actor": "echo", **{("\x01" * 8) + str(i): 0 for i in range(60_000)}})
+        sock.send_multipart([b"", encode_header(hostile), body])
+        assert sock.poll(int(WAIT * 1000)), "no answer to the hostile query"
+        parts = sock.recv_multipart()
+        error = b.registry.decode(decode_header(parts[1]).kind, parts[2])
+        assert isinstance(error, ErrorReply) and "more" in error.message
+        ping = _raw_header("b/echo")
+        sock.send_multipart([b"", encode_header(ping), b.registry.encode(Ping(nonce=3))])
+        assert sock.poll(int(WAIT * 1000)), "the node stopped answering after the hostile query"
+        parts = sock.recv_multipart()
+        assert b.registry.decode(decode_header(parts[1]).kind, parts[2]) == Pong(nonce=3, actor="b/echo")
     finally:
         sock.close(0)
 

@@ -1,0 +1,106 @@
+"""Issue 18 against real ``kbus node`` processes: hostile frames, stuck actors, held requests, operations.
+
+Every node is a real process started by the ``kbus_node`` fixture and ended by its PID; clients speak the
+wire over real ipc/tcp sockets.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from conftest import KbusNode
+
+from transport.codec import Registry, decode_header, encode_header
+from transport.envelope import Header, new_id
+from transport.messages import SYSTEM_MESSAGES, ErrorReply, Ping, Pong
+
+pytestmark = pytest.mark.integration
+
+KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+REGISTRY = Registry(SYSTEM_MESSAGES)
+WAIT = 20.0
+
+
+def kbus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KBUS, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def echo_node_config(folder: Path, extra: str = "") -> Path:
+    config = folder / "n1.toml"
+    config.write_text(
+        f'[node]\nname = "n1"\nbind = ["ipc://n1.sock"]\n{extra}\n[actors.echo]\ntype = "echo"\n'
+    )
+    return config
+
+
+class RawClient:
+    """A bare DEALER speaking the wire by hand (what a hostile or foreign client does)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.sndtimeo = int(WAIT * 1000)
+        self.sock.connect(endpoint)
+
+    def send(
+        self, kind: str, body: bytes, *, dst: str = "n1/echo", flow: str = "ask", timeout: float = WAIT
+    ) -> bytes:
+        now = time.time()
+        header = Header(
+            id=new_id(),
+            kind=kind,
+            src="raw/c",
+            dst=dst,
+            flow=flow,
+            ts=now,
+            deadline=now + timeout,  # type: ignore[arg-type]
+        )
+        self.sock.send_multipart([b"", encode_header(header), body])
+        return header.id
+
+    def recv(self, timeout: float = WAIT) -> tuple[Header, Any]:
+        assert self.sock.poll(int(timeout * 1000)), f"no answer within {timeout}s"
+        _, head, body = self.sock.recv_multipart()
+        header = decode_header(head)
+        return header, REGISTRY.decode(header.kind, body)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@pytest.fixture
+def raw_client() -> Any:
+    clients: list[RawClient] = []
+
+    def make(endpoint: str) -> RawClient:
+        clients.append(RawClient(endpoint))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_a_frame_of_many_unknown_fields_leaves_the_echo_actor_answering(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], raw_client: Callable[[str], RawClient]
+) -> None:
+    """Issue 18 item 1: that one frame used to stop the echo actor for good ("no actor n1/echo")."""
+    kbus_node(echo_node_config(ipc_dir))
+    client = raw_client(f"ipc://{ipc_dir}/n1.sock")
+    hostile = msgpack.packb({("\x01" * 8) + str(i): 0 for i in range(60_000)})
+    sent = client.send("echo", hostile)
+    header, error = client.recv()
+    assert header.corr == sent and isinstance(error, ErrorReply) and error.error == "protocol"
+    sent = client.send(Ping.TAG, REGISTRY.encode(Ping(nonce=4)))
+    header, pong = client.recv()
+    assert header.corr == sent and pong == Pong(nonce=4, actor="n1/echo")
+    ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "1")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
