@@ -5,13 +5,17 @@ failure, a ``BusError`` or any other exception becomes an error reply (for a req
 to the sender (for a tell), and the actor goes on serving. An error reply is bounded (texts cut, their
 original size noted; fields that cannot travel dropped, saying so); a reply that cannot be encoded is
 answered with that error; an answer that cannot be sent, and a failure past all of these, is counted in
-``node.stats`` (``answer_send_failures``, ``actor_input_failures``) and logged once per actor, never raised. An actor never blocks on another actor's reply: it sends
-a request with a continuation (``ask``) and the reply arrives through its own mailbox.
+``node.stats`` (``answer_send_failures``, ``actor_input_failures``) and logged once per actor, never
+raised. A deferred request is forgotten when its deadline passes, so memory returns.
+
+An actor never blocks on another actor's reply: it sends a request with a continuation (``ask``) and the
+reply arrives through its own mailbox.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import queue
 from collections.abc import Callable
@@ -22,7 +26,7 @@ import pykka
 
 from transport.codec import encode_header
 from transport.envelope import Header, Inbound, InboundBatch, Route, node_of
-from transport.errors import BusError, Unavailable
+from transport.errors import BusError, Expired, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
 from transport.node import BARRIER, Node
@@ -48,6 +52,13 @@ class _FutureDone:
     then: Callable[[Any, BaseException | None], None] | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Expire:
+    """A deferred request's deadline passed (posted by the node's timer): forget it."""
+
+    request_id: bytes
+
+
 class Deferred:
     """Returned by a handler that will answer later through ``Context.reply`` / ``Context.fail``."""
 
@@ -63,13 +74,16 @@ class Context:
     counted and logged once per actor (``BusActor.answer_failures``).
     """
 
-    __slots__ = ("_actor", "done", "header", "route")
+    __slots__ = ("_actor", "done", "expired", "header", "route")
 
     def __init__(self, actor: BusActor, header: Header, route: Route | None) -> None:
         self._actor = actor
         self.header = header
         self.route = route
         self.done = False
+        # Deferred past its deadline: forgotten by the actor. Answering it later is a counted no-op (the
+        # requester gave up at that deadline, so the answer would only be dropped there as late).
+        self.expired = False
 
     @property
     def wants_reply(self) -> bool:
@@ -79,15 +93,21 @@ class Context:
         """One partial reply of a streamed request (ignored for a plain ask: it has one reply only).
 
         Raises (to the handler, which then fails the request) when ``message`` cannot be encoded."""
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if self.header.flow == "stream":
             node = self._actor.node
-            self._actor._send_answer(
+            self._actor._bus_send_answer(
                 self, node.registry.tag_of(message), node.registry.encode(message), "part"
             )
 
     def reply(self, message: Any) -> None:
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if not self.header.is_request:
@@ -100,10 +120,13 @@ class Context:
             self.fail(exc)
             return
         self._finish()
-        self._actor._send_answer(self, tag, body, "reply")
+        self._actor._bus_send_answer(self, tag, body, "reply")
 
     def fail(self, error: BaseException) -> None:
         """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
         self._finish()
@@ -113,11 +136,13 @@ class Context:
             flow = "tell"
         else:
             return
-        self._actor._send_answer(self, ErrorReply.TAG, self._actor.node.registry.encode_error(error), flow)
+        self._actor._bus_send_answer(
+            self, ErrorReply.TAG, self._actor.node.registry.encode_error(error), flow
+        )
 
     def _finish(self) -> None:
         self.done = True
-        self._actor._open.pop(self.header.id, None)
+        self._actor._bus_forget(self.header.id)
 
 
 class BusActor(pykka.ThreadingActor):
@@ -150,12 +175,17 @@ class BusActor(pykka.ThreadingActor):
         self.name = address.partition("/")[2]
         self._continuations: dict[bytes, Callable[[Reply], None]] = {}
         self._open: dict[bytes, Context] = {}  # deferred requests not yet answered
-        self.answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
-        self.input_failures = 0  # inbound messages whose handling failed past every error reply
+        self._bus_expiry: dict[bytes, int] = {}  # deferred request -> its node timer (see _bus_defer)
+        self.bus_answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
+        self.bus_input_failures = 0  # inbound messages whose handling failed past every error reply
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not handle {type(message).__name__}")
+
+    def on_expired(self, ctx: Context) -> None:
+        """A deferred request's deadline passed and the actor forgot it (``ctx.expired``; answering it now
+        does nothing). Override to drop what the actor keeps for it. Runs on the actor's thread."""
 
     def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
         """A tell this actor sent failed on the far side (or could not be delivered)."""
@@ -209,6 +239,9 @@ class BusActor(pykka.ThreadingActor):
             if not ctx.done:
                 ctx.fail(Unavailable(f"{self.address} stopped before answering"))
         self._open.clear()
+        for handle in self._bus_expiry.values():
+            self.node.cancel_call(handle)
+        self._bus_expiry.clear()
         if isinstance(self.actor_inbox, SocketInbox):
             self.actor_inbox.close()
 
@@ -239,6 +272,9 @@ class BusActor(pykka.ThreadingActor):
             return None
         if isinstance(message, _FutureDone):
             self._future_done(message)
+            return None
+        if isinstance(message, _Expire):
+            self._bus_expire(message.request_id)
             return None
         if message is BARRIER:
             return None
@@ -288,9 +324,9 @@ class BusActor(pykka.ThreadingActor):
         try:
             self._inbound_unguarded(inbound)
         except Exception:  # past every error reply: counted, logged once, the actor lives
-            self.input_failures += 1
+            self.bus_input_failures += 1
             self.node.stats.incr("actor_input_failures")
-            if self.input_failures == 1:
+            if self.bus_input_failures == 1:
                 log.exception(
                     "%s: handling %s failed (counted from now on, logged only once)",
                     self.address,
@@ -326,11 +362,55 @@ class BusActor(pykka.ThreadingActor):
         if ctx.done or not header.is_request:
             return
         if result is DEFER:
-            self._open[header.id] = ctx
+            self._bus_defer(ctx)
             return
         ctx.reply(Ok() if result is None else result)
 
-    def _send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
+    # ------------------------------------------------------------------------ deferred requests
+    def _bus_defer(self, ctx: Context) -> None:
+        """Hold ``ctx`` until it is answered or its deadline passes (then it is forgotten: memory returns).
+
+        A request without a deadline (only a foreign client sends one) is held for the node's
+        ``request_timeout`` and then answered ``Expired``.
+        """
+        node = self.node
+        header = ctx.header
+        self._open[header.id] = ctx
+        deadline = header.deadline if header.deadline is not None else node.clock() + node.request_timeout
+        at = node.monotonic() + max(0.0, deadline - node.clock())
+        ref = self.actor_ref
+        request_id = header.id
+
+        def expire() -> None:  # on the I/O thread: only a hand-off to this actor's mailbox
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_Expire(request_id))
+
+        self._bus_expiry[request_id] = node.call_at(at, expire)
+
+    def _bus_forget(self, request_id: bytes) -> None:
+        self._open.pop(request_id, None)
+        handle = self._bus_expiry.pop(request_id, None)
+        if handle is not None:
+            self.node.cancel_call(handle)
+
+    def _bus_expire(self, request_id: bytes) -> None:
+        self._bus_expiry.pop(request_id, None)
+        ctx = self._open.pop(request_id, None)
+        if ctx is None or ctx.done:
+            return
+        self.node.stats.incr("deferred_expired")
+        if ctx.header.deadline is None and ctx.header.is_request:
+            ctx.fail(Expired(f"{self.address}: no answer within {self.node.request_timeout}s"))
+        ctx.done = ctx.expired = True
+        try:
+            self.on_expired(ctx)
+        except Exception:
+            log.exception("%s: on_expired raised", self.address)
+
+    def _bus_late_answer(self) -> None:
+        self.node.stats.incr("late_answers")
+
+    def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
         """Send an encoded answer to ``ctx``'s sender; a failure is counted and logged once, never raised."""
         node = self.node
         header = ctx.header
@@ -347,9 +427,9 @@ class BusActor(pykka.ThreadingActor):
             route = ctx.route if node_of(header.src) != node.name else None
             node.send(reply, body, route=route)
         except Exception:  # an answer that cannot be sent must not stop the actor
-            self.answer_failures += 1
+            self.bus_answer_failures += 1
             node.stats.incr("answer_send_failures")
-            if self.answer_failures == 1:
+            if self.bus_answer_failures == 1:
                 log.warning(
                     "%s: could not send a %s answer to %s (counted from now on, logged only once)",
                     self.address,

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transport.node")
 
+MAX_ROUTES = 16384  # nodes known by the hello on their inbound connection; the oldest is forgotten past it
+
 
 class IoThread(threading.Thread):
     """Owns every socket of the node; see the Node docstring."""
@@ -113,6 +115,9 @@ class IoThread(threading.Thread):
         wake = self._wake_r
         while True:
             wait = node.pending.expire_due()
+            timer = node.timers.run_due()
+            if timer is not None and (wait is None or timer < wait):
+                wait = timer
             timeout_ms = 1000 if wait is None else max(0, min(1000, int(wait * 1000) + 1))
             self.poll_until = node.monotonic() + timeout_ms / 1000
             for sock, _ in self.poller.poll(timeout_ms):
@@ -228,7 +233,11 @@ class IoThread(threading.Thread):
         # Whatever is not batched happens in arrival order: what was batched before it goes out first.
         self._flush()
         if header.kind == Hello.TAG:
-            self.routes[node_of(header.src)] = route
+            routes = self.routes
+            routes[node_of(header.src)] = route
+            if len(routes) > MAX_ROUTES:  # bounded: any peer may say hello under made-up names
+                del routes[next(iter(routes))]
+                node.stats.incr("routes_forgotten")
             return
         if dst == self._directory and header.kind == Resolve.TAG:
             self._resolve(header, body, route)

@@ -47,6 +47,7 @@ from transport.pending import (
     PendingRequest,
     PendingTable,
     Reply,
+    Timers,
     current_actor,
     forbid_blocking,
 )
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
+_SEQ_SENDERS = 16384  # (src, dst) pairs a thread numbers its sends for
 _SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
 _new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
@@ -150,6 +152,7 @@ class Node:
         self.capture = capture
         self.stats = Stats()
         self.pending = PendingTable(monotonic)
+        self.timers = Timers(monotonic)
         self._binds = tuple(bind)
         self._peers: dict[str, Peer] = {p.name: p for p in peers}
         self._actors: dict[str, ActorRefLike] = {}
@@ -367,6 +370,10 @@ class Node:
             table = self._tls.seq = {}
         n = table.get((src, dst), 0) + 1
         table[(src, dst)] = n
+        if len(table) > _SEQ_SENDERS:
+            # Bounded: hostile peers can make a node answer many made-up addresses. The oldest pair forgets
+            # its count (its receiver may note one sequence gap).
+            del table[next(iter(table))]
         return n
 
     def request(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -780,6 +787,18 @@ class Node:
         if io is not None:
             self.stats.incr("hops_to_io")
             io.wake()
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns
+        a handle for ``cancel_call``. Nothing runs after the node stopped."""
+        handle = self.timers.add(at, callback)
+        io = self._io
+        if io is not None and at < io.poll_until:
+            io.wake()  # the I/O thread sleeps past this time: let it re-arm
+        return handle
+
+    def cancel_call(self, handle: int) -> None:
+        self.timers.cancel(handle)
 
     def call_in_io_thread(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
         """Run ``fn`` on the I/O thread (for tests and diagnostics) and return its result."""

@@ -16,13 +16,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from actors.base import BusActor, Context
+from actors.base import DEFER, BusActor, Context
 from actors.echo import EchoActor
 from transport import Node, Peer
 from transport.capture import CaptureWriter
 from transport.envelope import Header
 from transport.errors import MAX_ERROR_TEXT, BusError, Expired, HandlerError, ProtocolError
-from transport.messages import Echo, Fail, Ping, Pong
+from transport.messages import Echo, Fail, Hold, Ping, Pong
 from transport.pending import Reply
 
 WAIT = 10.0
@@ -163,3 +163,138 @@ def test_an_input_that_fails_before_any_handler_is_counted_and_the_actor_lives(
     assert server.stats["actor_input_failures"] == 3
     assert ref.is_alive() and server.lookup("echo") is ref
     assert len([r for r in caplog.records if "handling echo failed" in r.getMessage()]) == 1
+
+
+# ------------------------------------------------------------------- deferred requests expire (item 3)
+class FakeClock:
+    """Wall and monotonic time that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def wall(self) -> float:
+        return self.t
+
+    def mono(self) -> float:
+        return self.t - 900_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class CountingEcho(EchoActor):
+    """The echo actor, plus a local query of what it keeps: deferred requests, their timers, continuations."""
+
+    def on_local(self, message: Any) -> Any:
+        if message == "count":
+            return len(self._open), len(self._bus_expiry), len(self._continuations)
+        kind, dst, n, timeout = message  # ask dst to hold, n times, from this actor
+        assert kind == "ask"
+        for _ in range(n):
+            self.ask(dst, Hold(), lambda reply: None, timeout=timeout)
+        return None
+
+
+class Keeper(BusActor):
+    """Keeps every held request's ctx itself (as the Router or the Codex adapter do) and answers them all
+    on ``Echo(text="release")``."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        super().__init__(node, address)
+        self.held: list[Context] = []
+        self.expired_seen = 0
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if isinstance(message, Hold):
+            self.held.append(ctx)
+            return DEFER
+        released, self.held = self.held, []
+        for held in released:
+            held.reply(Echo(text="late"))
+        return Echo(seq=len(released), data=self.expired_seen)
+
+    def on_expired(self, ctx: Context) -> None:
+        self.expired_seen += 1
+
+
+def run_timers(node: Node) -> None:
+    """Let the node's I/O thread run what the clock made due, and wait until it has."""
+    node.call_in_io_thread(lambda: (node.pending.expire_due(), node.timers.run_due()), timeout=WAIT)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def timed_node(make_node: Callable[..., Node], clock: FakeClock) -> Node:
+    return make_node("n1", clock=clock.wall, monotonic=clock.mono, request_timeout=30.0)
+
+
+def test_held_requests_are_forgotten_when_their_deadline_passes(timed_node: Node, clock: FakeClock) -> None:
+    """Issue 18 item 3: 30,000 holds with 1 s deadlines grew a node by 22 MB for good."""
+    ref = timed_node.spawn(CountingEcho, "echo")
+    futures = [timed_node.request_future("n1/echo", Hold(), timeout=1.0) for _ in range(1000)]
+    assert ref.ask("count", timeout=WAIT) == (1000, 1000, 0)
+    clock.advance(0.5)
+    run_timers(timed_node)
+    assert ref.ask("count", timeout=WAIT) == (1000, 1000, 0)  # not before the deadline
+    clock.advance(1.0)
+    run_timers(timed_node)
+    assert ref.ask("count", timeout=WAIT) == (0, 0, 0)
+    assert len(timed_node.timers) == 0 and len(timed_node.pending) == 0
+    assert all(isinstance(f.exception(WAIT), Expired) for f in futures)
+    assert timed_node.stats["deferred_expired"] == 1000
+    assert alive(timed_node, "echo")
+
+
+def test_an_answered_request_cancels_its_timer(timed_node: Node) -> None:
+    ref = timed_node.spawn(CountingEcho, "echo")
+    keeper = timed_node.spawn(Keeper, "keeper")
+    futures = [timed_node.request_future("n1/keeper", Hold(), timeout=5.0) for _ in range(10)]
+    assert timed_node.request("n1/keeper", Echo(text="release"), timeout=WAIT).seq == 10
+    assert [f.result(WAIT) for f in futures] == [Echo(text="late")] * 10
+    assert len(timed_node.timers) == 0
+    assert keeper.is_alive() and ref.is_alive()
+
+
+def test_answering_an_expired_request_later_is_a_counted_no_op(timed_node: Node, clock: FakeClock) -> None:
+    timed_node.spawn(Keeper, "keeper")
+    futures = [timed_node.request_future("n1/keeper", Hold(), timeout=1.0) for _ in range(5)]
+    clock.advance(2.0)
+    run_timers(timed_node)
+    assert all(isinstance(f.exception(WAIT), Expired) for f in futures)
+    # The keeper still holds the five contexts and answers them: nothing raises, nothing is sent.
+    assert timed_node.request("n1/keeper", Echo(text="release"), timeout=WAIT) == Echo(seq=5, data=5)
+    assert timed_node.stats["late_answers"] == 5
+    assert alive(timed_node, "keeper")
+
+
+def test_a_held_request_without_a_deadline_is_answered_expired_after_the_request_timeout(
+    timed_node: Node, clock: FakeClock
+) -> None:
+    """Only a foreign client sends a request without a deadline; it is held at most ``request_timeout``."""
+    ref = timed_node.spawn(CountingEcho, "echo")
+    replies: queue.Queue[Reply] = queue.Queue()
+    header = timed_node.header(Hold.TAG, timed_node.client_address(), "n1/echo", "ask")
+    assert header.deadline is None
+    timed_node.send(header, timed_node.registry.encode(Hold()), deliver=replies.put, timeout=60.0)
+    assert ref.ask("count", timeout=WAIT) == (1, 1, 0)
+    clock.advance(31.0)
+    run_timers(timed_node)
+    reply = replies.get(timeout=WAIT)
+    assert isinstance(reply.error, Expired) and "30.0s" in reply.error.message
+    assert ref.ask("count", timeout=WAIT) == (0, 0, 0)
+
+
+def test_an_actors_continuations_expire_with_their_requests(timed_node: Node, clock: FakeClock) -> None:
+    """Item 3, the other half: an actor waiting on requests nobody answers forgets them at their deadline."""
+    timed_node.spawn(CountingEcho, "target")
+    asker = timed_node.spawn(CountingEcho, "asker")
+    asker.ask(("ask", "n1/target", 500, 1.0), timeout=WAIT)
+    assert asker.ask("count", timeout=WAIT) == (0, 0, 500)
+    clock.advance(2.0)
+    run_timers(timed_node)
+    assert asker.ask("count", timeout=WAIT) == (0, 0, 0)
+    assert len(timed_node.pending) == 0
