@@ -50,8 +50,15 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"kbus node: {exc}", file=sys.stderr)
         return 2
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+
+    def on_signal(signum: int, frame: object) -> None:
+        if done.is_set():  # a second SIGTERM/SIGINT while stopping: no more grace
+            print(f"kbus node {node.name}: second signal: exiting now", file=sys.stderr, flush=True)
+            os._exit(EXIT_STUCK)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     print(
         f"kbus node {node.name}: listening on {', '.join(node.endpoints) or '(no endpoint)'}; "
         f"actors: {', '.join(node.actors())}",
@@ -61,9 +68,33 @@ def cmd_node(args: argparse.Namespace) -> int:
         while not done.wait(0.5):
             pass
     finally:
-        node.stop()
+        started = time.monotonic()
+        stuck = node.stop(timeout=args.grace)
+        left = [f"actor {a}" for a in stuck] + _lingering_threads(args.grace - (time.monotonic() - started))
+        if left:
+            # Their threads cannot be ended from here and would keep the process alive: exit without them.
+            print(
+                f"kbus node {node.name}: stopped, but {', '.join(left)} did not finish within "
+                f"{args.grace:g}s (stuck in a handler?): exiting anyway",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            os._exit(EXIT_STUCK)
         print(f"kbus node {node.name}: stopped", flush=True)
     return 0
+
+
+EXIT_STUCK = 3  # kbus node: stopped, but something was stuck and left behind
+
+
+def _lingering_threads(wait: float) -> list[str]:
+    """Names of non-daemon threads still running after ``wait`` seconds (they would block the exit)."""
+    deadline = time.monotonic() + max(0.0, wait)
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [f"thread {t.name}" for t in others if t.is_alive()]
 
 
 # ------------------------------------------------------------------------------------------------- ping
@@ -214,6 +245,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("node", help="run a node with the actors its config names, until SIGINT/SIGTERM")
     p.add_argument("--config", required=True, help="TOML file (see config/default.toml)")
     p.add_argument("--capture", help="record every envelope to this .buslog (overrides node.capture)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds the actors get to stop on SIGTERM/SIGINT (default 5); past it the process exits "
+        f"anyway, with status {EXIT_STUCK}, naming what was stuck (a second signal: at once)",
+    )
     p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("ping", help="round trips to an actor's mailbox (application heartbeat)")

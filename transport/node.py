@@ -165,6 +165,7 @@ class Node:
         self._io: IoThread | None = None
         self._running = False
         self.endpoints: tuple[str, ...] = ()
+        self.stuck: tuple[str, ...] = ()  # actors the last stop() left behind, stuck in a handler
 
     # ------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -226,19 +227,30 @@ class Node:
             self._outbox_put(("connect", peer))
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop local actors, close every socket, fail what is still in flight with ``Unavailable``."""
+    def stop(self, timeout: float = 5.0) -> tuple[str, ...]:
+        """Stop local actors, close every socket, fail what is still in flight with ``Unavailable``.
+
+        Bounded: the actors are stopped in the order they were spawned, all within ``timeout`` seconds
+        (each gets what is left of it, and at least 0.2 s). An actor stuck in a handler is left behind, said
+        in one line; the addresses of those are returned (also in ``stuck``). Its thread cannot be ended
+        from outside: ``kbus node`` then exits the process anyway.
+        """
         if not self._running:
-            return
+            return ()
         self._running = False
+        deadline = self.monotonic() + timeout
+        stuck: list[str] = []
         for key, ref in list(self._actors.items()):
+            wait = max(0.2, deadline - self.monotonic())
             try:
-                ref.stop(block=True, timeout=timeout)
+                ref.stop(block=True, timeout=wait)
             except pykka.Timeout:  # busy in a handler that does not return: left behind, said in one line
+                stuck.append(f"{self.name}/{key}")
                 log.warning("node %s: actor %s still busy after %.1fs: left behind", self.name, key, timeout)
             except Exception:  # an actor that is already dead or stuck must not stop the shutdown
                 log.warning("node %s: actor %s did not stop cleanly", self.name, key, exc_info=True)
         self._actors.clear()
+        self.stuck = tuple(stuck)
         io = self._io
         if io is not None:
             self._outbox_put(("stop",))
@@ -255,6 +267,7 @@ class Node:
         ZapService.unregister(self.context, self.name)
         if self.capture is not None:
             self.capture.close()
+        return self.stuck
 
     def __enter__(self) -> Node:
         if self._io is None:

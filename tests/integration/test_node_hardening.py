@@ -20,7 +20,7 @@ from conftest import KbusNode
 
 from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, new_id
-from transport.messages import SYSTEM_MESSAGES, ErrorReply, Ping, Pong
+from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, ErrorReply, Ping, Pong
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +104,41 @@ def test_a_frame_of_many_unknown_fields_leaves_the_echo_actor_answering(
     assert header.corr == sent and pong == Pong(nonce=4, actor="n1/echo")
     ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "1")
     assert ping.returncode == 0, ping.stdout + ping.stderr
+
+
+PEERS = Path(__file__).resolve().parents[1] / "peers"
+
+
+def test_sigterm_ends_a_node_whose_actor_is_stuck_in_a_handler_and_names_it(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], raw_client: Callable[[str], RawClient]
+) -> None:
+    """Issue 18 item 2: ``kbus node`` printed "stopped" and then stayed alive until SIGKILL."""
+    config = echo_node_config(ipc_dir, extra="")
+    config.write_text(config.read_text() + '[actors.wedge]\ntype = "wedge"\n')
+    node = kbus_node(config, script=PEERS / "wedge_node.py", args=("--grace", "1"))
+    client = raw_client(f"ipc://{ipc_dir}/n1.sock")
+    client.send(Echo.TAG, REGISTRY.encode(Echo()), dst="n1/wedge", flow="tell")
+    node.expect_line("WEDGED n1/wedge")
+    ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "1")
+    assert ping.returncode == 0, ping.stdout + ping.stderr  # the other actors still serve
+    code = node.stop(timeout=30)  # SIGTERM; fails the test if the process outlives the bound
+    output = "".join(node.output)
+    assert code == 3, output
+    assert "actor n1/wedge did not finish within 1s" in output
+    assert "exiting anyway" in output
+
+
+def test_the_echo_actors_limits_hold_over_the_wire_and_the_node_stops_cleanly(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], raw_client: Callable[[str], RawClient]
+) -> None:
+    """Issue 18 item 2: ``echo.stream`` with ``count = 10**12`` kept the echo actor busy for good."""
+    node = kbus_node(echo_node_config(ipc_dir))
+    client = raw_client(f"ipc://{ipc_dir}/n1.sock")
+    sent = client.send(EchoStream.TAG, REGISTRY.encode(EchoStream(count=10**12)), flow="stream")
+    header, error = client.recv()
+    assert header.corr == sent and isinstance(error, ErrorReply)
+    assert error.error == "limit_exceeded" and error.fields["field"] == "count"
+    ping = kbus("ping", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--count", "1")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert node.stop(timeout=30) == 0
+    assert "kbus node n1: stopped" in "".join(node.output)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -298,3 +299,34 @@ def test_an_actors_continuations_expire_with_their_requests(timed_node: Node, cl
     run_timers(timed_node)
     assert asker.ask("count", timeout=WAIT) == (0, 0, 0)
     assert len(timed_node.pending) == 0
+
+
+# ---------------------------------------------------------------------------- stopping is bounded (item 2)
+class Wedged(BusActor):
+    """A fake at a chosen point: its handler blocks until the test releases it."""
+
+    def __init__(self, node: Node, address: str, release: threading.Event) -> None:
+        super().__init__(node, address)
+        self.release = release
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        self.release.wait(60)
+        return None
+
+
+def test_node_stop_leaves_an_actor_stuck_in_a_handler_behind_and_names_it() -> None:
+    release = threading.Event()
+    node = Node("n1").start()
+    try:
+        node.spawn(EchoActor, "echo")
+        wedged = node.spawn(Wedged, "wedged", release)
+        node.spawn(EchoActor, "after")
+        node.tell("n1/wedged", Echo())
+        assert node.request("n1/echo", Echo(seq=1), timeout=WAIT) == Echo(seq=1)
+        assert node.stop(timeout=0.5) == ("n1/wedged",)
+        assert node.stuck == ("n1/wedged",)
+        assert not node.running
+        assert wedged.is_alive()  # its thread cannot be ended from outside; kbus node exits without it
+    finally:
+        release.set()
+        node.stop()
