@@ -451,7 +451,8 @@ class AllowedClient:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SecuritySettings:
     """How tcp:// is secured. Under "curve" a tcp bind or tcp peer needs `secret_key_file`
-    (checked on Settings: fail closed); "plain-insecure-for-benchmarks" turns CURVE off."""
+    (checked on Settings: fail closed); "plain-insecure-for-benchmarks" turns CURVE off, and only
+    the config file can say so (KBUS_SECURITY_MODE may only turn CURVE on)."""
 
     mode: Literal["curve", "plain-insecure-for-benchmarks"] = "curve"
     secret_key_file: Path | None = None  # zmq.auth secret certificate of this node
@@ -638,12 +639,32 @@ def from_mapping(
     if not isinstance(raw, Mapping):
         raise at.bad("a table", raw)
     merged = dict(raw)
-    for section, values in _env_overrides(env).items():
+    overrides = _env_overrides(env)
+    _curve_off_only_in_the_file(raw, overrides.get("security", {}))
+    for section, values in overrides.items():
         table = raw.get(section, {})
         if not isinstance(table, Mapping):
             raise at.child(section).bad("a table", table)
         merged[section] = {**table, **values}
     return _build(Settings, merged, at, preset={"source": source})
+
+
+def _curve_off_only_in_the_file(raw: Mapping[str, object], env_security: Mapping[str, object]) -> None:
+    """KBUS_SECURITY_MODE may turn CURVE on, or repeat what the file says, but never turn it off: an
+    environment variable is too easy to inherit unnoticed (DESIGN.md §5: plain tcp only behind an explicit,
+    loudly named setting)."""
+    wanted = env_security.get("mode")
+    if wanted is None or wanted == "curve":
+        return
+    table = raw.get("security")
+    in_file = table.get("mode", "curve") if isinstance(table, Mapping) else "curve"
+    if in_file != wanted:
+        raise ConfigError(
+            "<env>",
+            "KBUS_SECURITY_MODE",
+            "'curve' (CURVE can be turned off only by security.mode in the config file)",
+            _show(wanted),
+        )
 
 
 def settings_for_node(name: str, **node_fields: object) -> Settings:

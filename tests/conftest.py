@@ -245,13 +245,17 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
 
         node.pump = threading.Thread(target=pump, daemon=True)
         node.pump.start()
-        try:
-            first = lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"kbus node {config} not listening within {timeout}s") from None
-        assert first is not None and "listening" in first, (
-            f"kbus node {config} failed: {''.join(node.output)}"
-        )
+        # Warnings may come first (plain tcp endpoints); the 'listening' line says the node is up.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                first = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"kbus node {config} not listening within {timeout}s") from None
+            assert first is not None, f"kbus node {config} failed: {''.join(node.output)}"
+            if "listening" in first:
+                break
+            assert " WARNING " in first, f"kbus node {config} failed: {''.join(node.output)}"
         node.line = first
         return node
 

@@ -121,6 +121,8 @@ class SocketInbox:
             return
         self._sock = sock
         self._items.append((sock, POLLIN))
+        for endpoint in self.endpoints:
+            node._warn_if_plain(endpoint, f"actor {self._actor} listens on")
         node.publish_direct(self._actor, self.endpoints)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:

@@ -223,9 +223,22 @@ class Node:
             ZapService.unregister(self.context, self.name)
             raise failure
         self._running = True
+        for endpoint in self.endpoints:
+            self._warn_if_plain(endpoint, "listens on")
         for peer in self._peers.values():
+            self._warn_if_plain(peer.endpoint, f"connects to {peer.name} at")
             self._outbox_put(("connect", peer))
         return self
+
+    def _warn_if_plain(self, endpoint: str, what: str) -> None:
+        if endpoint.startswith("tcp://") and not self.security.uses_curve(endpoint):
+            log.warning(
+                "node %s %s %s over PLAIN tcp: not encrypted, not authenticated (security mode %s)",
+                self.name,
+                what,
+                endpoint,
+                "plain-insecure-for-benchmarks",
+            )
 
     def stop(self, timeout: float = 5.0) -> tuple[str, ...]:
         """Stop local actors, close every socket, fail what is still in flight with ``Unavailable``.
@@ -288,6 +301,7 @@ class Node:
             raise ValueError(f"not a node name: {peer.name!r}")
         self._peers[peer.name] = peer
         if self._io is not None:
+            self._warn_if_plain(peer.endpoint, f"connects to {peer.name} at")
             event = threading.Event()
             self._outbox_put(("connect", peer, event))
             if wait is not None:

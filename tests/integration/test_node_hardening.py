@@ -6,6 +6,7 @@ wire over real ipc/tcp sockets.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -142,3 +143,42 @@ def test_the_echo_actors_limits_hold_over_the_wire_and_the_node_stops_cleanly(
     assert ping.returncode == 0, ping.stdout + ping.stderr
     assert node.stop(timeout=30) == 0
     assert "kbus node n1: stopped" in "".join(node.output)
+
+
+def test_plain_tcp_says_so_at_start_for_every_plain_endpoint(
+    tmp_path: Path, kbus_node: Callable[..., KbusNode]
+) -> None:
+    """Issue 18 item 5: ``mode = "plain-insecure-for-benchmarks"`` used to start without a word."""
+    config = tmp_path / "n1.toml"
+    config.write_text(
+        '[node]\nname = "n1"\nbind = ["tcp://127.0.0.1:0", "ipc://n1.sock"]\n'
+        '[security]\nmode = "plain-insecure-for-benchmarks"\n[actors.echo]\ntype = "echo"\n'
+    )
+    node = kbus_node(config)
+    endpoint = f"tcp://127.0.0.1:{node.port}"
+    warnings = [line for line in node.output if "PLAIN tcp" in line]
+    assert any(f"node n1 listens on {endpoint} over PLAIN tcp" in line for line in warnings), node.output
+    # The echo actor's own (direct) tcp socket is named too, once its thread has bound it.
+    ping = kbus("ping", endpoint, "--node", "n1", "--count", "1", "--plain")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    direct = "actor echo listens on tcp://127.0.0.1:"
+    line = next((x for x in node.output if direct in x), None) or node.expect_line(direct)
+    assert "PLAIN tcp" in line
+    assert not any("PLAIN" in line and "ipc://" in line for line in node.output)
+
+
+def test_the_environment_alone_cannot_turn_curve_off(tmp_path: Path) -> None:
+    config = tmp_path / "n1.toml"
+    config.write_text('[node]\nname = "n1"\nbind = ["ipc://n1.sock"]\n')
+    env = {**os.environ, "KBUS_SECURITY_MODE": "plain-insecure-for-benchmarks"}
+    result = subprocess.run(
+        [*KBUS, "node", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "KBUS_SECURITY_MODE" in result.stderr and "config file" in result.stderr

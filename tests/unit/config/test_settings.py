@@ -454,7 +454,7 @@ def test_env_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             "KBUS_NODE_CAPTURE": "n9.buslog",
             "KBUS_NODE_MAX_FRAME_BYTES": "2048",
             "KBUS_NODE_REQUEST_TIMEOUT": "2.5",
-            "KBUS_SECURITY_MODE": "plain-insecure-for-benchmarks",
+            "KBUS_SECURITY_MODE": "curve",
             "KBUS_SECURITY_SECRET_KEY_FILE": "k/n9.key_secret",
         },
     )
@@ -466,8 +466,22 @@ def test_env_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert settings.node.max_frame_bytes == 2048
     assert settings.node.request_timeout == 2.5
     assert settings.node.data_dir == tmp_path / "conf" / ".kbus"
-    assert settings.security.mode == "plain-insecure-for-benchmarks"
+    assert settings.security.mode == "curve"
     assert settings.security.secret_key_file == cwd / "k/n9.key_secret"
+
+
+def test_the_environment_alone_cannot_turn_curve_off(tmp_path: Path) -> None:
+    """Issue 18 item 5: KBUS_SECURITY_MODE switched a config that says curve to plain tcp."""
+    plain = {"KBUS_SECURITY_MODE": "plain-insecure-for-benchmarks"}
+    for text in ('[node]\nname = "n1"\n', '[node]\nname = "n1"\n[security]\nmode = "curve"\n'):
+        path = write(tmp_path, text)
+        error = load_error(path, env=plain)
+        assert error.key == "KBUS_SECURITY_MODE" and error.source == "<env>"
+        assert "only by security.mode in the config file" in str(error)
+    # Saying what the file says already is fine, and so is turning CURVE on.
+    path = write(tmp_path, '[node]\nname = "n1"\n[security]\nmode = "plain-insecure-for-benchmarks"\n')
+    assert load(path, env=plain).security.mode == "plain-insecure-for-benchmarks"
+    assert load(path, env={"KBUS_SECURITY_MODE": "curve"}).security.mode == "curve"
 
 
 def test_env_can_switch_an_optional_setting_off_and_empty_a_list(tmp_path: Path) -> None:
