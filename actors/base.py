@@ -26,7 +26,7 @@ import pykka
 
 from transport.codec import encode_header
 from transport.envelope import Header, Inbound, InboundBatch, Route, node_of
-from transport.errors import BusError, Expired, Unavailable
+from transport.errors import BusError, Expired, ProtocolError, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
 from transport.node import BARRIER, Node
@@ -181,7 +181,7 @@ class BusActor(pykka.ThreadingActor):
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not handle {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def on_expired(self, ctx: Context) -> None:
         """A deferred request's deadline passed and the actor forgot it (``ctx.expired``; answering it now
@@ -189,7 +189,15 @@ class BusActor(pykka.ThreadingActor):
 
     def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
         """A tell this actor sent failed on the far side (or could not be delivered)."""
-        log.warning("%s: tell %s failed: %r", self.address, (tell_id or b"").hex(), error)
+        self.node.log_limit.log(
+            log,
+            logging.WARNING,
+            (self.address, "tell_error", type(error)),
+            "%s: tell %s failed: %r",
+            self.address,
+            (tell_id or b"").hex(),
+            error,
+        )
 
     def ask(
         self,
@@ -349,13 +357,30 @@ class BusActor(pykka.ThreadingActor):
             else:
                 result = self.handle(message, ctx)
         except BusError as exc:
-            log.info("%s: %s answered with %r", self.address, header.kind, exc)
+            self.node.log_limit.log(
+                log,
+                logging.INFO,
+                (self.address, "answered", header.kind, type(exc)),
+                "%s: %s answered with %r",
+                self.address,
+                header.kind,
+                exc,
+            )
             if not ctx.done:
                 ctx.fail(exc)
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged (rate-limited, with its traceback) just below
             # A bug in a handler: reported to the sender and logged loudly, and the actor lives on.
-            log.exception("%s: handler for %s raised", self.address, header.kind)
+            self.node.log_limit.log(
+                log,
+                logging.ERROR,
+                (self.address, "raised", header.kind, type(exc)),
+                "%s: handler for %s raised %s",
+                self.address,
+                header.kind,
+                type(exc).__name__,
+                exc=exc,
+            )
             if not ctx.done:
                 ctx.fail(exc)
             return
@@ -464,7 +489,14 @@ class BusActor(pykka.ThreadingActor):
             else self._continuations.get(arrived.request_id)
         )
         if then is None:
-            log.info("%s: dropped a reply to %s nobody waits for", self.address, arrived.request_id.hex())
+            self.node.log_limit.log(
+                log,
+                logging.INFO,
+                (self.address, "unawaited"),
+                "%s: dropped a reply to %s nobody waits for",
+                self.address,
+                arrived.request_id.hex(),
+            )
             return
         try:
             if self.node.capture is not None:

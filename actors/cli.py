@@ -70,7 +70,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     finally:
         started = time.monotonic()
         stuck = node.stop(timeout=args.grace)
-        left = [f"actor {a}" for a in stuck] + _lingering_threads(args.grace - (time.monotonic() - started))
+        # A stuck actor's own thread lingers too: name the actor, and other threads only when none is stuck.
+        left = [f"actor {a}" for a in stuck] or _lingering_threads(args.grace - (time.monotonic() - started))
         if left:
             # Their threads cannot be ended from here and would keep the process alive: exit without them.
             print(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.base import DEFER, BusActor, Context
-from transport.errors import HandlerError, LimitExceeded
+from transport.errors import HandlerError, LimitExceeded, ProtocolError
 from transport.messages import (
     ECHO_MAX_HELD,
     ECHO_MAX_STREAM_BYTES,
@@ -62,4 +62,5 @@ class EchoActor(BusActor):
             case Fail(error=wire, message=text):
                 cls = self.node.registry.errors.lookup(wire) or HandlerError
                 raise cls(text)
-        raise TypeError(f"echo does not handle {type(message).__name__}")
+        # A registered message echo has no use for: the sender's mistake, not a bug here.
+        raise ProtocolError(f"echo does not handle {type(message).__name__}")

@@ -375,7 +375,9 @@ class IoThread(threading.Thread):
                 log.info("node %s: lost %s (%d requests in flight)", node.name, name, failed)
             elif (why := handshake_refusal(event)) is not None:
                 node.stats.incr("handshake_failures")
-                log.warning("node %s: %s: %s", node.name, name, why)
+                node.log_limit.log(
+                    log, logging.WARNING, ("handshake", name), "node %s: %s: %s", node.name, name, why
+                )
 
 
 def _close_fds(*fds: int) -> None:

@@ -41,6 +41,7 @@ from transport.envelope import (
 )
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.io_thread import IoThread
+from transport.logs import LogLimiter
 from transport.messages import SYSTEM_MESSAGES, ErrorReply, Resolve, Resolved
 from transport.pending import (
     BusFuture,
@@ -151,7 +152,9 @@ class Node:
         self.ids = ids
         self.capture = capture
         self.stats = Stats()
-        self.pending = PendingTable(monotonic)
+        # Lines hostile input can repeat (drops, refusals, handler errors) go through here: see logs.py.
+        self.log_limit = LogLimiter(monotonic=monotonic)
+        self.pending = PendingTable(monotonic, self.log_limit)
         self.timers = Timers(monotonic)
         self._binds = tuple(bind)
         self._peers: dict[str, Peer] = {p.name: p for p in peers}
@@ -280,6 +283,7 @@ class Node:
         ZapService.unregister(self.context, self.name)
         if self.capture is not None:
             self.capture.close()
+        self.log_limit.flush()
         return self.stuck
 
     def __enter__(self) -> Node:
@@ -614,7 +618,15 @@ class Node:
     def _report_tell_error(self, error: BusError, tell_id: bytes) -> None:
         self.stats.incr("tell_errors")
         if not self._tell_error_listeners:
-            log.warning("node %s: tell %s failed: %r", self.name, tell_id.hex(), error)
+            self.log_limit.log(
+                log,
+                logging.WARNING,
+                ("tell_error", type(error)),
+                "node %s: tell %s failed: %r",
+                self.name,
+                tell_id.hex(),
+                error,
+            )
         for listener in list(self._tell_error_listeners):
             try:
                 listener(error, tell_id)
@@ -737,13 +749,18 @@ class Node:
             header = decode_header(head, max_bytes=self.max_header_bytes)
         except ProtocolError as exc:
             self.stats.incr("malformed")
-            log.info("node %s: dropped a malformed frame: %s", self.name, exc)
+            self.log_limit.log(
+                log, logging.INFO, "malformed", "node %s: dropped a malformed frame: %s", self.name, exc
+            )
             return None
         if auth is not None:
             allowed = auth[5:] if auth.startswith("peer:") else self.security.node_for_key(auth)
             if allowed != node_of(header.src):
                 self.stats.incr("spoofed")
-                log.warning(
+                self.log_limit.log(
+                    log,
+                    logging.WARNING,
+                    ("spoofed", allowed),
                     "node %s: dropped %s claiming src %s from key of %s",
                     self.name,
                     header.kind,
@@ -759,7 +776,16 @@ class Node:
             last = seq_seen.pop(key, None)
             if last is not None and header.seq != last + 1:
                 self.stats.incr("seq_gaps")
-                log.info("node %s: sequence gap %s -> %s from %s", self.name, last, header.seq, header.src)
+                self.log_limit.log(
+                    log,
+                    logging.INFO,
+                    "seq_gap",
+                    "node %s: sequence gap %s -> %s from %s",
+                    self.name,
+                    last,
+                    header.seq,
+                    header.src,
+                )
             seq_seen[key] = header.seq
             if len(seq_seen) > _SEQ_TRACKED:
                 seq_seen.popitem(last=False)

@@ -18,6 +18,7 @@ from typing import Any
 
 from transport.envelope import Header
 from transport.errors import BusError, Expired
+from transport.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,9 @@ class PendingRequest:
 class PendingTable:
     """Thread-safe: senders register, the I/O thread (or a local replier) resolves, the I/O thread expires."""
 
-    def __init__(self, monotonic: Callable[[], float]) -> None:
+    def __init__(self, monotonic: Callable[[], float], log_limit: LogLimiter | None = None) -> None:
         self._lock = threading.Lock()
+        self._log_limit = log_limit or LogLimiter(monotonic=monotonic)
         self._entries: dict[bytes, PendingRequest] = {}
         self._timers: list[_Timer] = []
         self._monotonic = monotonic
@@ -174,7 +176,9 @@ class PendingTable:
             elif reply.final:
                 del self._entries[request_id]
         if entry is None:
-            log.info("dropped a late or duplicate reply to %s", request_id.hex())
+            self._log_limit.log(
+                log, logging.INFO, "late_reply", "dropped a late or duplicate reply to %s", request_id.hex()
+            )
             return False
         _deliver(entry, reply)
         return True

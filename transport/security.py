@@ -23,6 +23,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from transport.errors import ProtocolError
+from transport.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,16 @@ class _Provider:
     def __init__(self, allow: Mapping[str, str]) -> None:
         self.allow = dict(allow)
         self.refused = 0
+        self._log_limit = LogLimiter()
 
     def callback(self, domain: str, key: bytes) -> bool:
         ok = key.decode("ascii", "replace") in self.allow
         if not ok:
             self.refused += 1
-            log.warning("ZAP: refused client key %s for %s", key[:8].decode("ascii", "replace"), domain)
+            shown = key[:8].decode("ascii", "replace")
+            self._log_limit.log(
+                log, logging.WARNING, "refused", "ZAP: refused client key %s for %s", shown, domain
+            )
         return ok
 
 

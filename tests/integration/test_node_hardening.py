@@ -21,7 +21,7 @@ from conftest import KbusNode
 
 from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, new_id
-from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, ErrorReply, Ping, Pong
+from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, ErrorReply, Fail, Ping, Pong
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +182,27 @@ def test_the_environment_alone_cannot_turn_curve_off(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert "KBUS_SECURITY_MODE" in result.stderr and "config file" in result.stderr
+
+
+def test_a_flood_of_hostile_frames_is_summarised_not_logged_per_frame(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], raw_client: Callable[[str], RawClient]
+) -> None:
+    """Issue 18 item 6: an ERROR with a traceback per unhandled message, a WARNING per failed tell."""
+    node = kbus_node(echo_node_config(ipc_dir))
+    client = raw_client(f"ipc://{ipc_dir}/n1.sock")
+    n = 500
+    for _ in range(n):
+        client.send(Fail.TAG, REGISTRY.encode(Fail(message="z" * 100_000)))  # a bug, each with a big text
+        client.send(Fail.TAG, REGISTRY.encode(Fail(message="bad tell")), flow="tell", dst="n1/echo")
+        client.send(Echo.TAG, REGISTRY.encode(Echo()), dst="n1/nobody", flow="tell")
+    replies = 0
+    while replies < n:  # error tells to this client (it never said hello) are dropped by the node
+        header, body = client.recv()
+        if header.flow == "reply":
+            assert isinstance(body, ErrorReply) and body.error == "handler"
+            replies += 1
+    assert node.stop(timeout=30) == 0
+    output = "".join(node.output)
+    assert output.count("Traceback") <= 2, output[:3000]
+    assert len(output) < 40_000, f"{len(output)} characters of log for {3 * n} hostile frames"
+    assert "more like this" in output  # the summary at stop says how many were left out

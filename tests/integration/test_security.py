@@ -6,6 +6,7 @@ receiver, and key files are private.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import stat
@@ -193,6 +194,27 @@ def test_an_unlisted_client_key_is_refused_and_nothing_is_delivered(make_node: C
     dump = good.request(f"{SRV}/rec", Echo(text="dump"), timeout=WAIT)
     assert list(dump.data) == [5]
     assert server.stats["spoofed"] == 0 and server.stats["unauthenticated"] == 0
+
+
+def test_clients_with_unlisted_keys_make_one_log_line(
+    make_node: Callable[..., Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18 item 6: every refused handshake was a WARNING line, so any stranger could flood the log."""
+    caplog.set_level(logging.WARNING, logger="transport.security")
+    server, link = curve_server(make_node, {})
+    for _ in range(5):
+        with raw_dealer(
+            link.endpoint,
+            keys=KeyPair.generate(),
+            server_key=link.server_key,
+            monitor=zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+        ) as (_, mon):
+            assert mon is not None
+            wait_for_event(mon, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    refusals = [r for r in caplog.records if "refused client key" in r.getMessage()]
+    assert len(refusals) == 1
+    service = ZapService.service_for(server.context)
+    assert service is not None and service._providers[SRV].refused == 5
 
 
 # ----------------------------------------------------------------------------------------- spoofing
