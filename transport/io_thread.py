@@ -134,7 +134,11 @@ class IoThread(threading.Thread):
                 item = outbox.get_nowait()
                 if item[0] == "stop":
                     return
-                self._command(item)
+                try:
+                    self._command(item)
+                except Exception:  # one bad command must not end the thread
+                    node.stats.incr("io_command_failures")
+                    log.exception("node %s: I/O thread command %s failed", node.name, item[0])
 
     def _readable(self, sock: Sock) -> None:
         for index, (router, curve) in enumerate(self.routers):
@@ -262,12 +266,26 @@ class IoThread(threading.Thread):
         node = self.node
         try:
             query = node.registry.decode(Resolve.TAG, body)
-            answer = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+            # Only endpoints of the transport the query came over: a peer on tcp learns nothing of this
+            # machine's ipc paths (and could not use them anyway).
+            scheme = self._scheme_of(route)
+            endpoints = tuple(e for e in node.direct_endpoints(query.actor) if e.startswith(scheme))
+            answer = Resolved(actor=query.actor, endpoints=endpoints)
             tag, encoded = Resolved.TAG, node.registry.encode(answer)
         except ProtocolError as exc:
             tag, encoded = ErrorReply.TAG, node.registry.encode_error(exc)
         reply = node.header(tag, node.directory_address, header.src, "reply", corr=header.id)
         self._reply(route, [encode_header(reply), encoded], reply)
+
+    def _scheme_of(self, route: Route) -> str:
+        """``tcp://``, ``ipc://`` or ``inproc://``: how the connection a message came in on was made."""
+        if route[0] == "r" and route[1] < len(self.node.endpoints):
+            endpoint = self.node.endpoints[route[1]]
+        elif route[0] == "d" and route[1] in self.dealers:
+            endpoint = self.dealers[route[1]][2].endpoint
+        else:
+            return "\0"  # unknown: match nothing
+        return endpoint.partition("://")[0] + "://"
 
     # ---------------------------------------------------------------------------------- commands
     def _command(self, item: tuple[Any, ...]) -> None:
@@ -331,8 +349,16 @@ class IoThread(threading.Thread):
             node.pending.fail_peer(peer.name, lambda e: Unavailable(f"connection to {peer.name} replaced"))
         try:
             dealer = make_dealer(node.context, peer, node.options, node.security)
-        except SecurityError:
-            log.exception("node %s: cannot connect to %s", node.name, peer.name)
+        except SecurityError as exc:
+            node.log_limit.log(
+                log,
+                logging.ERROR,
+                ("connect", peer.name),
+                "node %s: cannot connect to %s: %s",
+                node.name,
+                peer.name,
+                exc,
+            )
             return
         monitor = dealer.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -341,7 +367,23 @@ class IoThread(threading.Thread):
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
         )
-        dealer.connect(peer.endpoint)
+        try:
+            dealer.connect(peer.endpoint)
+        except zmq.ZMQError as exc:
+            dealer.disable_monitor()
+            monitor.close(0)
+            dealer.close(0)
+            node.log_limit.log(
+                log,
+                logging.ERROR,
+                ("connect", peer.name),
+                "node %s: cannot connect to %s at %s: %s",
+                node.name,
+                peer.name,
+                peer.endpoint,
+                exc,
+            )
+            return
         self.dealers[peer.name] = (dealer, monitor, peer)
         self.connected[peer.name] = event or threading.Event()
         self.poller.register(dealer, zmq.POLLIN)

@@ -22,6 +22,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from transport.envelope import is_node_name
 from transport.errors import ProtocolError
 from transport.logs import LogLimiter
 
@@ -68,7 +69,11 @@ def load_public_key(public_file: str | os.PathLike[str]) -> str:
 
 
 def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
-    """Write ``name.key`` (public) and ``name.key_secret`` (mode 0600) into ``directory`` (mode 0700)."""
+    """Write ``name.key`` (public) and ``name.key_secret`` (mode 0600) into ``directory`` (mode 0700).
+
+    ``name`` is a node name (the name the key will speak as), so it never leaves ``directory``."""
+    if not is_node_name(name) or not name.strip("."):
+        raise SecurityError(f"{name!r} is not a node name (letters, digits, '_', '.', '-'; not only dots)")
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     public_file = folder / f"{name}.key"

@@ -96,6 +96,10 @@ class Peer:
     server_key: str | None = None
 
 
+class BindError(Exception):
+    """A node could not bind one of its endpoints (address in use, no permission, no such interface)."""
+
+
 def _common(sock: Sock, endpoint: str, opts: SocketOptions) -> None:
     sock.linger = 0
     sock.sndhwm = opts.sndhwm
@@ -122,7 +126,10 @@ def make_router(ctx: Ctx, endpoint: str, opts: SocketOptions, security: Security
             raise SecurityError(f"{endpoint}: tcp without CURVE needs plain_insecure_for_benchmarks")
         if endpoint.startswith("ipc://"):
             _private_ipc_dir(endpoint)
-        sock.bind(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise BindError(f"cannot bind {endpoint}: {exc.strerror}") from exc
         return sock
     except BaseException:
         sock.close(0)
@@ -217,7 +224,13 @@ class Channel:
         self._max_header = 8192
         self.sock = make_dealer(ctx, peer, opts, security)
         self.monitor = self.sock.get_monitor_socket(_MONITOR_EVENTS)
-        self.sock.connect(peer.endpoint)
+        try:
+            self.sock.connect(peer.endpoint)
+        except zmq.ZMQError as exc:  # an endpoint zmq refuses: nothing can be sent over it
+            self.sock.disable_monitor()
+            self.monitor.close(0)
+            self.sock.close(0)
+            raise NotDelivered(f"cannot connect to {peer.name} at {peer.endpoint}: {exc.strerror}") from exc
         self._both = [(self.sock, POLLIN), (self.monitor, POLLIN)]
         # inproc has no ZMTP handshake, so no monitor event ever says it is ready: it is once connected.
         self.ready = peer.endpoint.startswith("inproc://")

@@ -164,7 +164,7 @@ def test_plain_tcp_says_so_at_start_for_every_plain_endpoint(
     direct = "actor echo listens on tcp://127.0.0.1:"
     line = next((x for x in node.output if direct in x), None) or node.expect_line(direct)
     assert "PLAIN tcp" in line
-    assert not any("PLAIN" in line and "ipc://" in line for line in node.output)
+    assert not [line for line in node.output if "PLAIN" in line and "ipc://" in line]
 
 
 def test_the_environment_alone_cannot_turn_curve_off(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from actors.base import BusActor, Context
 from transport import BusError, KeyPair, Node, NotDelivered, Peer, Security, SecurityError
 from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, new_id
-from transport.messages import SYSTEM_MESSAGES, Echo
+from transport.messages import SYSTEM_MESSAGES, Echo, Resolve, Resolved
 from transport.security import ZapService, create_keys, load_public_key
 
 pytestmark = pytest.mark.integration
@@ -351,6 +351,28 @@ def test_a_stopped_nodes_domain_is_refused_while_another_node_keeps_the_authenti
     finally:
         a.stop()
         b.stop()
+
+
+# ------------------------------------------------------------------------------------ the directory
+@pytest.mark.parametrize("over", ["tcp", "ipc"])
+def test_a_directory_query_answers_only_endpoints_of_its_own_transport(
+    make_node: Callable[..., Node], ipc_dir: Path, over: str
+) -> None:
+    """Issue 18 item 7: a sys.resolve over tcp revealed the absolute ipc path of a direct actor's socket."""
+    server = make_node(
+        SRV,
+        bind=["tcp://127.0.0.1:*", f"ipc://{ipc_dir}/srv.sock"],
+        security=Security(plain_insecure_for_benchmarks=True),
+    )
+    server.spawn(DirectAuthEcho, "dauth")
+    assert server.request(f"{SRV}/dauth", Echo(), timeout=WAIT) == Echo(text="")  # its socket is bound
+    assert {e.partition(":")[0] for e in server.direct_endpoints("dauth")} == {"tcp", "ipc"}
+    endpoint = server.endpoints[0 if over == "tcp" else 1]
+    with raw_dealer(endpoint) as (sock, _):
+        sent = send_request(sock, "c1/x", f"{SRV}/node", Resolve(actor="dauth"))
+        header, answer = recv_reply(sock)
+    assert header.corr == sent and isinstance(answer, Resolved)
+    assert answer.endpoints and all(e.startswith(f"{over}://") for e in answer.endpoints), answer.endpoints
 
 
 # ------------------------------------------------------------------------------------------ key files

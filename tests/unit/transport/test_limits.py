@@ -9,13 +9,15 @@ import time
 import uuid
 from collections.abc import Callable
 
+import pytest
 import zmq
 
-from transport import Node
+from actors.echo import EchoActor
+from transport import Node, NotDelivered, Peer, Security
 from transport.codec import encode_header
 from transport.envelope import Header, new_id
 from transport.io_thread import MAX_ROUTES
-from transport.messages import Hello
+from transport.messages import Echo, Hello
 from transport.node import _SEQ_SENDERS
 from transport.pending import Timers
 
@@ -69,3 +71,18 @@ def test_timers_run_once_when_due_and_not_when_cancelled() -> None:
     now[0] = 5.0
     assert timers.run_due() is None and ran == ["a", "c"]
     assert len(timers) == 0
+
+
+def test_a_peer_endpoint_zmq_refuses_does_not_end_the_io_thread(
+    make_node: Callable[..., Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kbus ping foo://x`` ended the client node's I/O thread ("I/O thread crashed")."""
+    node = make_node("n1", security=Security(plain_insecure_for_benchmarks=True))
+    node.spawn(EchoActor, "echo")
+    for endpoint in ("foo://x", "tcp://bad host:1", "tcp://127.0.0.1"):
+        node.connect(Peer("far", endpoint))
+        with pytest.raises(NotDelivered):
+            node.request("far/echo", Echo(), timeout=1.0)
+    assert node.request("n1/echo", Echo(seq=2), timeout=WAIT) == Echo(seq=2)
+    assert node.call_in_io_thread(lambda: "alive", timeout=WAIT) == "alive"
+    assert not any("I/O thread crashed" in r.getMessage() for r in caplog.records)
