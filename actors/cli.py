@@ -72,6 +72,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         while not done.wait(0.5):
             pass
     finally:
+        _line(f"kbus node {node.name}: stopping (grace {args.grace:g}s)")
         started = time.monotonic()
         stuck = node.stop(timeout=args.grace)
         # A stuck actor's own thread lingers too: name the actor, and other threads only when none is stuck.

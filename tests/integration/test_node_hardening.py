@@ -7,6 +7,7 @@ wire over real ipc/tcp sockets.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -206,3 +207,22 @@ def test_a_flood_of_hostile_frames_is_summarised_not_logged_per_frame(
     assert output.count("Traceback") <= 2, output[:3000]
     assert len(output) < 40_000, f"{len(output)} characters of log for {3 * n} hostile frames"
     assert "more like this" in output  # the summary at stop says how many were left out
+
+
+def test_a_second_signal_ends_the_grace_period_at_once(
+    ipc_dir: Path, kbus_node: Callable[..., KbusNode], raw_client: Callable[[str], RawClient]
+) -> None:
+    config = echo_node_config(ipc_dir)
+    config.write_text(config.read_text() + '[actors.wedge]\ntype = "wedge"\n')
+    node = kbus_node(config, script=PEERS / "wedge_node.py", args=("--grace", "600"))
+    raw_client(f"ipc://{ipc_dir}/n1.sock").send(
+        Echo.TAG, REGISTRY.encode(Echo()), dst="n1/wedge", flow="tell"
+    )
+    node.expect_line("WEDGED n1/wedge")
+    os.kill(node.proc.pid, signal.SIGTERM)
+    node.expect_line("stopping (grace 600s)")
+    os.kill(node.proc.pid, signal.SIGTERM)
+    assert node.proc.wait(timeout=60) == 3  # far inside the 600 s grace: the second signal ended it
+    assert node.pump is not None
+    node.pump.join(30)
+    assert "second signal: exiting now" in "".join(node.output)
