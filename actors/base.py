@@ -1,14 +1,21 @@
 """The bridge between pykka mailboxes and the bus: ``BusActor`` and the per-message ``Context``.
 
-An actor's thread is its only lock. A handler never kills its actor for bad input: a decode failure, a
-``BusError`` or any other exception becomes an error reply (for a request) or an error tell back to the
-sender (for a tell), and the actor goes on serving. An actor never blocks on another actor's reply: it sends
-a request with a continuation (``ask``) and the reply arrives through its own mailbox.
+An actor's thread is its only lock. No input, and no failure while answering it, stops an actor: a decode
+failure, a ``BusError`` or any other exception becomes an error reply (for a request) or an error tell back
+to the sender (for a tell), and the actor goes on serving. An error reply is bounded (texts cut, their
+original size noted; fields that cannot travel dropped, saying so); a reply that cannot be encoded is
+answered with that error; an answer that cannot be sent, and a failure past all of these, is counted in
+``node.stats`` (``answer_send_failures``, ``actor_input_failures``) and logged once per actor, never
+raised. A deferred request is forgotten when its deadline passes, so memory returns.
+
+An actor never blocks on another actor's reply: it sends a request with a continuation (``ask``) and the
+reply arrives through its own mailbox.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import queue
 from collections.abc import Callable
@@ -19,7 +26,7 @@ import pykka
 
 from transport.codec import encode_header
 from transport.envelope import Header, Inbound, InboundBatch, Route, node_of
-from transport.errors import BusError, Unavailable
+from transport.errors import BusError, Expired, ProtocolError, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
 from transport.node import BARRIER, Node
@@ -45,6 +52,13 @@ class _FutureDone:
     then: Callable[[Any, BaseException | None], None] | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Expire:
+    """A deferred request's deadline passed (posted by the node's timer): forget it."""
+
+    request_id: bytes
+
+
 class Deferred:
     """Returned by a handler that will answer later through ``Context.reply`` / ``Context.fail``."""
 
@@ -53,46 +67,82 @@ DEFER = Deferred()
 
 
 class Context:
-    """The request being handled: its header and the way to answer it (once, finally)."""
+    """The request being handled: its header and the way to answer it (once, finally).
 
-    __slots__ = ("_actor", "done", "header", "route")
+    Answering never raises for the answer's sake: a reply that cannot be encoded is answered with that
+    error instead, an error is bounded in size (``Registry.encode_error``), and a send that fails is
+    counted and logged once per actor (``BusActor.answer_failures``).
+    """
+
+    __slots__ = ("_actor", "done", "expired", "header", "route")
 
     def __init__(self, actor: BusActor, header: Header, route: Route | None) -> None:
         self._actor = actor
         self.header = header
         self.route = route
         self.done = False
+        # Deferred past its deadline: forgotten by the actor. Answering it later is a counted no-op (the
+        # requester gave up at that deadline, so the answer would only be dropped there as late).
+        self.expired = False
 
     @property
     def wants_reply(self) -> bool:
         return self.header.is_request
 
     def partial(self, message: Any) -> None:
-        """One partial reply of a streamed request (ignored for a plain ask: it has one reply only)."""
+        """One partial reply of a streamed request (ignored for a plain ask: it has one reply only).
+
+        Raises (to the handler, which then fails the request) when ``message`` cannot be encoded."""
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if self.header.flow == "stream":
-            self._actor._answer(self, message, "part")
+            node = self._actor.node
+            self._actor._bus_send_answer(
+                self, node.registry.tag_of(message), node.registry.encode(message), "part"
+            )
 
     def reply(self, message: Any) -> None:
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
-        self.done = True
-        self._actor._open.pop(self.header.id, None)
-        if self.header.is_request:
-            self._actor._answer(self, message, "reply")
+        if not self.header.is_request:
+            self._finish()
+            return
+        registry = self._actor.node.registry
+        try:
+            tag, body = registry.tag_of(message), registry.encode(message)
+        except Exception as exc:  # noqa: BLE001 - a reply that cannot travel is answered with why
+            self.fail(exc)
+            return
+        self._finish()
+        self._actor._bus_send_answer(self, tag, body, "reply")
 
     def fail(self, error: BaseException) -> None:
         """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
+        if self.expired:
+            self._actor._bus_late_answer()
+            return
         if self.done:
             raise RuntimeError(f"{self.header.kind}: already answered")
-        self.done = True
-        self._actor._open.pop(self.header.id, None)
-        body = self._actor.node.registry.error_reply(error)
+        self._finish()
         if self.header.is_request:
-            self._actor._answer(self, body, "reply")
+            flow = "reply"
         elif self.header.flow == "tell" and self.header.kind != ErrorReply.TAG:
-            self._actor._answer(self, body, "tell")
+            flow = "tell"
+        else:
+            return
+        self._actor._bus_send_answer(
+            self, ErrorReply.TAG, self._actor.node.registry.encode_error(error), flow
+        )
+
+    def _finish(self) -> None:
+        self.done = True
+        self._actor._bus_forget(self.header.id)
 
 
 class BusActor(pykka.ThreadingActor):
@@ -125,14 +175,29 @@ class BusActor(pykka.ThreadingActor):
         self.name = address.partition("/")[2]
         self._continuations: dict[bytes, Callable[[Reply], None]] = {}
         self._open: dict[bytes, Context] = {}  # deferred requests not yet answered
+        self._bus_expiry: dict[bytes, int] = {}  # deferred request -> its node timer (see _bus_defer)
+        self.bus_answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
+        self.bus_input_failures = 0  # inbound messages whose handling failed past every error reply
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not handle {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
+
+    def on_expired(self, ctx: Context) -> None:
+        """A deferred request's deadline passed and the actor forgot it (``ctx.expired``; answering it now
+        does nothing). Override to drop what the actor keeps for it. Runs on the actor's thread."""
 
     def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
         """A tell this actor sent failed on the far side (or could not be delivered)."""
-        log.warning("%s: tell %s failed: %r", self.address, (tell_id or b"").hex(), error)
+        self.node.log_limit.log(
+            log,
+            logging.WARNING,
+            (self.address, "tell_error", type(error)),
+            "%s: tell %s failed: %r",
+            self.address,
+            (tell_id or b"").hex(),
+            error,
+        )
 
     def ask(
         self,
@@ -155,6 +220,7 @@ class BusActor(pykka.ThreadingActor):
             timeout=timeout if timeout is not None else node.request_timeout,
             **fields,
         )
+        body = node.registry.encode(message)  # raises to the caller before anything is registered
         self._continuations[header.id] = then
         ref = self.actor_ref
 
@@ -164,7 +230,7 @@ class BusActor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 log.info("%s stopped before its reply arrived", self.address)
 
-        node.send(header, node.registry.encode(message), deliver=deliver, timeout=timeout)
+        node.send(header, body, deliver=deliver, timeout=timeout)
         return header.id
 
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
@@ -181,6 +247,9 @@ class BusActor(pykka.ThreadingActor):
             if not ctx.done:
                 ctx.fail(Unavailable(f"{self.address} stopped before answering"))
         self._open.clear()
+        for handle in self._bus_expiry.values():
+            self.node.cancel_call(handle)
+        self._bus_expiry.clear()
         if isinstance(self.actor_inbox, SocketInbox):
             self.actor_inbox.close()
 
@@ -212,6 +281,9 @@ class BusActor(pykka.ThreadingActor):
         if isinstance(message, _FutureDone):
             self._future_done(message)
             return None
+        if isinstance(message, _Expire):
+            self._bus_expire(message.request_id)
+            return None
         if message is BARRIER:
             return None
         return self.on_local(message)
@@ -237,7 +309,13 @@ class BusActor(pykka.ThreadingActor):
         error = future.exception() if not future.cancelled() else concurrent.futures.CancelledError()
         value = None if error is not None else future.result()
         if done.then is not None:
-            done.then(value, error)
+            try:
+                done.then(value, error)
+            except Exception as exc:  # a bug in the continuation answers the request
+                log.exception("%s: continuation for %s raised", self.address, ctx.header.kind)
+                if not ctx.done:
+                    ctx.fail(exc)
+                return
         if ctx.done:
             return
         if error is not None:
@@ -250,6 +328,20 @@ class BusActor(pykka.ThreadingActor):
         raise TypeError(f"{self.address}: unexpected local message {type(message).__name__}")
 
     def _inbound(self, inbound: Inbound) -> None:
+        # The invariant of every actor: no input, and no failure while answering it, stops the actor.
+        try:
+            self._inbound_unguarded(inbound)
+        except Exception:  # past every error reply: counted, logged once, the actor lives
+            self.bus_input_failures += 1
+            self.node.stats.incr("actor_input_failures")
+            if self.bus_input_failures == 1:
+                log.exception(
+                    "%s: handling %s failed (counted from now on, logged only once)",
+                    self.address,
+                    inbound.header.kind,
+                )
+
+    def _inbound_unguarded(self, inbound: Inbound) -> None:
         header = inbound.header
         node = self.node
         if node.capture is not None:
@@ -265,37 +357,111 @@ class BusActor(pykka.ThreadingActor):
             else:
                 result = self.handle(message, ctx)
         except BusError as exc:
-            log.info("%s: %s answered with %r", self.address, header.kind, exc)
+            self.node.log_limit.log(
+                log,
+                logging.INFO,
+                (self.address, "answered", header.kind, type(exc)),
+                "%s: %s answered with %r",
+                self.address,
+                header.kind,
+                exc,
+            )
             if not ctx.done:
                 ctx.fail(exc)
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - logged (rate-limited, with its traceback) just below
             # A bug in a handler: reported to the sender and logged loudly, and the actor lives on.
-            log.exception("%s: handler for %s raised", self.address, header.kind)
+            self.node.log_limit.log(
+                log,
+                logging.ERROR,
+                (self.address, "raised", header.kind, type(exc)),
+                "%s: handler for %s raised %s",
+                self.address,
+                header.kind,
+                type(exc).__name__,
+                exc=exc,
+            )
             if not ctx.done:
                 ctx.fail(exc)
             return
         if ctx.done or not header.is_request:
             return
         if result is DEFER:
-            self._open[header.id] = ctx
+            self._bus_defer(ctx)
             return
         ctx.reply(Ok() if result is None else result)
 
-    def _answer(self, ctx: Context, message: Any, flow: str) -> None:
+    # ------------------------------------------------------------------------ deferred requests
+    def _bus_defer(self, ctx: Context) -> None:
+        """Hold ``ctx`` until it is answered or its deadline passes (then it is forgotten: memory returns).
+
+        A request without a deadline (only a foreign client sends one) is held for the node's
+        ``request_timeout`` and then answered ``Expired``.
+        """
         node = self.node
         header = ctx.header
-        reply = node.header(
-            node.registry.tag_of(message),
-            self.address,
-            header.src,
-            flow,  # type: ignore[arg-type]
-            corr=header.id,
-            conv=header.conv,
-            turn=header.turn,
-        )
-        route = ctx.route if node_of(header.src) != node.name else None
-        node.send(reply, node.registry.encode(message), route=route)
+        self._open[header.id] = ctx
+        deadline = header.deadline if header.deadline is not None else node.clock() + node.request_timeout
+        at = node.monotonic() + max(0.0, deadline - node.clock())
+        ref = self.actor_ref
+        request_id = header.id
+
+        def expire() -> None:  # on the I/O thread: only a hand-off to this actor's mailbox
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_Expire(request_id))
+
+        self._bus_expiry[request_id] = node.call_at(at, expire)
+
+    def _bus_forget(self, request_id: bytes) -> None:
+        self._open.pop(request_id, None)
+        handle = self._bus_expiry.pop(request_id, None)
+        if handle is not None:
+            self.node.cancel_call(handle)
+
+    def _bus_expire(self, request_id: bytes) -> None:
+        self._bus_expiry.pop(request_id, None)
+        ctx = self._open.pop(request_id, None)
+        if ctx is None or ctx.done:
+            return
+        self.node.stats.incr("deferred_expired")
+        if ctx.header.deadline is None and ctx.header.is_request:
+            ctx.fail(Expired(f"{self.address}: no answer within {self.node.request_timeout}s"))
+        ctx.done = ctx.expired = True
+        try:
+            self.on_expired(ctx)
+        except Exception:
+            log.exception("%s: on_expired raised", self.address)
+
+    def _bus_late_answer(self) -> None:
+        self.node.stats.incr("late_answers")
+
+    def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
+        """Send an encoded answer to ``ctx``'s sender; a failure is counted and logged once, never raised."""
+        node = self.node
+        header = ctx.header
+        try:
+            reply = node.header(
+                tag,
+                self.address,
+                header.src,
+                flow,  # type: ignore[arg-type]
+                corr=header.id,
+                conv=header.conv,
+                turn=header.turn,
+            )
+            route = ctx.route if node_of(header.src) != node.name else None
+            node.send(reply, body, route=route)
+        except Exception:  # an answer that cannot be sent must not stop the actor
+            self.bus_answer_failures += 1
+            node.stats.incr("answer_send_failures")
+            if self.bus_answer_failures == 1:
+                log.warning(
+                    "%s: could not send a %s answer to %s (counted from now on, logged only once)",
+                    self.address,
+                    flow,
+                    header.src,
+                    exc_info=True,
+                )
 
     def _record_reply(self, request_id: bytes, reply: Reply) -> None:
         node = self.node
@@ -323,11 +489,18 @@ class BusActor(pykka.ThreadingActor):
             else self._continuations.get(arrived.request_id)
         )
         if then is None:
-            log.info("%s: dropped a reply to %s nobody waits for", self.address, arrived.request_id.hex())
+            self.node.log_limit.log(
+                log,
+                logging.INFO,
+                (self.address, "unawaited"),
+                "%s: dropped a reply to %s nobody waits for",
+                self.address,
+                arrived.request_id.hex(),
+            )
             return
-        if self.node.capture is not None:
-            self._record_reply(arrived.request_id, reply)
         try:
+            if self.node.capture is not None:
+                self._record_reply(arrived.request_id, reply)
             then(reply)
         except Exception:
             log.exception("%s: continuation for %s raised", self.address, arrived.request_id.hex())

@@ -43,27 +43,71 @@ def cmd_node(args: argparse.Namespace) -> int:
         print(f"kbus node: {exc}", file=sys.stderr)
         return 2
     from transport.security import SecurityError
+    from transport.sockets import BindError
 
     try:
         node = build_node(settings, capture=args.capture)
-    except (ConfigError, SecurityError) as exc:
+    except (ConfigError, SecurityError, BindError) as exc:
         print(f"kbus node: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # an actor that cannot start (its data folder, a provider): one line
+        log.debug("kbus node: start failed", exc_info=True)
+        print(f"kbus node: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    print(
+
+    def on_signal(signum: int, frame: object) -> None:
+        if done.is_set():  # a second SIGTERM/SIGINT while stopping: no more grace
+            _line(f"kbus node {node.name}: second signal: exiting now", sys.stderr)
+            os._exit(EXIT_STUCK)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _line(
         f"kbus node {node.name}: listening on {', '.join(node.endpoints) or '(no endpoint)'}; "
-        f"actors: {', '.join(node.actors())}",
-        flush=True,
+        f"actors: {', '.join(node.actors())}"
     )
     try:
         while not done.wait(0.5):
             pass
     finally:
-        node.stop()
-        print(f"kbus node {node.name}: stopped", flush=True)
+        _line(f"kbus node {node.name}: stopping (grace {args.grace:g}s)")
+        started = time.monotonic()
+        stuck = node.stop(timeout=args.grace)
+        # A stuck actor's own thread lingers too: name the actor, and other threads only when none is stuck.
+        left = [f"actor {a}" for a in stuck] or _lingering_threads(args.grace - (time.monotonic() - started))
+        if left:
+            # Their threads cannot be ended from here and would keep the process alive: exit without them.
+            _line(
+                f"kbus node {node.name}: stopped, but {', '.join(left)} did not finish within "
+                f"{args.grace:g}s (stuck in a handler?): exiting anyway",
+                sys.stderr,
+            )
+            sys.stdout.flush()
+            os._exit(EXIT_STUCK)
+        _line(f"kbus node {node.name}: stopped")
     return 0
+
+
+EXIT_STUCK = 3  # kbus node: stopped, but something was stuck and left behind
+
+
+def _line(text: str, stream: Any = None) -> None:
+    """One line in one write: with PYTHONUNBUFFERED, print() writes the text and its newline apart, and a
+    log line from another thread (on stderr, often the same pipe) can land in between."""
+    out = stream or sys.stdout
+    out.write(text + "\n")
+    out.flush()
+
+
+def _lingering_threads(wait: float) -> list[str]:
+    """Names of non-daemon threads still running after ``wait`` seconds (they would block the exit)."""
+    deadline = time.monotonic() + max(0.0, wait)
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [f"thread {t.name}" for t in others if t.is_alive()]
 
 
 # ------------------------------------------------------------------------------------------------- ping
@@ -77,18 +121,48 @@ def _key_arg(text: str | None) -> str | None:
     return text
 
 
+def _ping_setup(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """The ping client's security and the server key, checked; ``ValueError`` says what is wrong."""
+    from transport import KeyPair, Security, SecurityError
+    from transport.envelope import is_node_name
+
+    if not args.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
+        raise ValueError(f"{args.endpoint!r} is not an endpoint (ipc://PATH or tcp://HOST:PORT)")
+    for what, name in (("--node", args.node), ("--name", args.name)):
+        if name is not None and not is_node_name(name):
+            raise ValueError(f"{what} {name!r} is not a node name")
+    if args.count < 1 or not args.timeout > 0:
+        raise ValueError("--count must be at least 1 and --timeout more than 0")
+    try:
+        keys = KeyPair.load(args.key) if args.key else None
+        server_key = _key_arg(args.server_key)
+    except (SecurityError, OSError, ValueError) as exc:
+        raise ValueError(str(exc)) from exc
+    security = Security(keys=keys, plain_insecure_for_benchmarks=args.plain)
+    if server_key is not None and len(server_key) != 40:
+        raise ValueError(f"--server-key {args.server_key!r} is neither a 40-character key nor a key file")
+    if security.uses_curve(args.endpoint) and server_key is None:
+        raise ValueError(
+            "tcp needs the node's public key: --server-key KEY_OR_FILE (or --plain for a benchmark node)"
+        )
+    return security, server_key
+
+
 def cmd_ping(args: argparse.Namespace) -> int:
-    from transport import BusError, KeyPair, Node, Peer, Security
+    from transport import BusError, Node, Peer
     from transport.messages import Ping, Pong
 
-    keys = KeyPair.load(args.key) if args.key else None
-    security = Security(keys=keys, plain_insecure_for_benchmarks=args.plain)
+    try:
+        security, server_key = _ping_setup(args)
+    except ValueError as exc:
+        print(f"kbus ping: {exc}", file=sys.stderr)
+        return 2
     # A CURVE server lets a key speak only as the node name its allowlist gives it; `kbus keys NAME`
     # writes NAME.key_secret, so the key file's name is the natural default.
     name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"ping-{os.getpid()}")
     client = Node(name, security=security).start()
     address = f"{args.node}/{args.actor}"
-    client.connect(Peer(args.node, args.endpoint, _key_arg(args.server_key)))
+    client.connect(Peer(args.node, args.endpoint, server_key))
     times: list[float] = []
     failures = 0
     try:
@@ -123,6 +197,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
         public, secret = create_keys(args.dir, args.name)
     except SecurityError as exc:
         print(f"kbus keys: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kbus keys: {args.dir}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"public key file: {public}\nsecret key file: {secret} (mode 0600)")
     print(f"public key: {load_public_key(public)}")
@@ -202,6 +279,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         print(f"kbus log: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"kbus log: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -224,6 +304,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("node", help="run a node with the actors its config names, until SIGINT/SIGTERM")
     p.add_argument("--config", required=True, help="TOML file (see config/default.toml)")
     p.add_argument("--capture", help="record every envelope to this .buslog (overrides node.capture)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds the actors get to stop on SIGTERM/SIGINT (default 5); past it the process exits "
+        f"anyway, with status {EXIT_STUCK}, naming what was stuck (a second signal: at once)",
+    )
     p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("ping", help="round trips to an actor's mailbox (application heartbeat)")

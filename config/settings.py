@@ -94,6 +94,8 @@ class Rule:
     expected: str
     ok: Callable[[Any], bool]
     rebase: Callable[[Any, Path], Any] | None = None
+    # Check the value as written (before a relative path is joined to the file's folder).
+    as_written: bool = False
 
 
 _NAME = r"[A-Za-z0-9_.-]+"
@@ -136,11 +138,23 @@ ACTOR_NAME = Rule(
     "an actor name of letters, digits, '_', '.', '-', with at most one '/'",
     lambda v: _is_name(v, _ACTOR_NAME),
 )
+
+
+def _no_parent_step(path: object) -> bool:
+    # A relative path stays inside the folder it is read against; an absolute one names its place outright.
+    return ".." not in PurePath(str(path)).parts
+
+
 ENDPOINT = Rule(
     "an endpoint starting with inproc://, ipc:// or tcp://",
     lambda v: any(v.startswith(s) and len(v) > len(s) for s in _SCHEMES),
     rebase=_rebase_ipc,
 )
+# Checked before ENDPOINT (which describes the field): an ipc path names a folder, like any path.
+IPC_NO_PARENT = Rule(
+    "an ipc path without '..'", lambda v: not v.startswith("ipc://") or _no_parent_step(v[6:])
+)
+NO_PARENT = Rule("a path without '..'", _no_parent_step, as_written=True)
 Z85_KEY = Rule("a Z85 public key (40 characters)", _is_z85_key)
 NON_EMPTY = Rule("a non-empty string", lambda v: v != "")
 POSITIVE = Rule("an integer > 0", lambda v: v > 0)
@@ -255,7 +269,7 @@ def _convert(tp: Any, value: object, at: _At, expected: str = "") -> object:
         rules = [m for m in meta if isinstance(m, Rule)]
         out = _convert(inner, value, at, rules[-1].expected if rules else expected)
         for rule in rules:
-            if not rule.ok(out):
+            if not rule.ok(value if rule.as_written else out):
                 raise at.bad(rule.expected, value)
             if rule.rebase is not None and at.base is not None:
                 out = rule.rebase(out, at.base)
@@ -413,14 +427,15 @@ class NodeSettings:
     """One process's bus endpoint.
 
     Invariants: `name` matches [A-Za-z0-9_.-]+; every `bind` endpoint starts with inproc://,
-    ipc:// or tcp://; sizes are > 0, heartbeats and high-water marks >= 0 (0 = off/unlimited);
+    ipc:// or tcp://; no '..' in an ipc path, `data_dir` or `capture` (a relative path stays in the
+    config file's folder); sizes are > 0, heartbeats and high-water marks >= 0 (0 = off/unlimited);
     `request_timeout` is finite and > 0.
     """
 
     name: Annotated[str, NODE_NAME]
-    bind: tuple[Annotated[str, ENDPOINT], ...] = ()
-    data_dir: Path = Path(".kbus")
-    capture: Path | None = None  # the .buslog every envelope is recorded to; None = off
+    bind: tuple[Annotated[str, IPC_NO_PARENT, ENDPOINT], ...] = ()
+    data_dir: Annotated[Path, NO_PARENT] = Path(".kbus")
+    capture: Annotated[Path, NO_PARENT] | None = None  # the .buslog every envelope is recorded to; None = off
     max_frame_bytes: Annotated[int, POSITIVE] = 1 << 20
     max_header_bytes: Annotated[int, POSITIVE] = 8192
     request_timeout: Annotated[float, SECONDS] = 30.0
@@ -451,7 +466,8 @@ class AllowedClient:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SecuritySettings:
     """How tcp:// is secured. Under "curve" a tcp bind or tcp peer needs `secret_key_file`
-    (checked on Settings: fail closed); "plain-insecure-for-benchmarks" turns CURVE off."""
+    (checked on Settings: fail closed); "plain-insecure-for-benchmarks" turns CURVE off, and only
+    the config file can say so (KBUS_SECURITY_MODE may only turn CURVE on)."""
 
     mode: Literal["curve", "plain-insecure-for-benchmarks"] = "curve"
     secret_key_file: Path | None = None  # zmq.auth secret certificate of this node
@@ -622,7 +638,7 @@ def load(path: str | os.PathLike[str], env: Mapping[str, str] = os.environ) -> S
         raise ConfigError(source, "", "valid TOML", str(exc)) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(source, "", "UTF-8 text", str(exc)) from exc
-    return from_mapping(raw, source=source, base_dir=file.absolute().parent, env=env)
+    return from_mapping(raw, source=source, base_dir=file.parent, env=env)
 
 
 def from_mapping(
@@ -634,16 +650,36 @@ def from_mapping(
 ) -> Settings:
     """Settings from an already-parsed TOML document; relative paths resolve against
     `base_dir` (None: kept as written). `env` wins over `raw`."""
-    at = _At(source, "", base_dir.absolute() if base_dir is not None else None)
+    at = _At(source, "", _folder(base_dir) if base_dir is not None else None)
     if not isinstance(raw, Mapping):
         raise at.bad("a table", raw)
     merged = dict(raw)
-    for section, values in _env_overrides(env).items():
+    overrides = _env_overrides(env)
+    _curve_off_only_in_the_file(raw, overrides.get("security", {}))
+    for section, values in overrides.items():
         table = raw.get(section, {})
         if not isinstance(table, Mapping):
             raise at.child(section).bad("a table", table)
         merged[section] = {**table, **values}
     return _build(Settings, merged, at, preset={"source": source})
+
+
+def _curve_off_only_in_the_file(raw: Mapping[str, object], env_security: Mapping[str, object]) -> None:
+    """KBUS_SECURITY_MODE may turn CURVE on, or repeat what the file says, but never turn it off: an
+    environment variable is too easy to inherit unnoticed (DESIGN.md §5: plain tcp only behind an explicit,
+    loudly named setting)."""
+    wanted = env_security.get("mode")
+    if wanted is None or wanted == "curve":
+        return
+    table = raw.get("security")
+    in_file = table.get("mode", "curve") if isinstance(table, Mapping) else "curve"
+    if in_file != wanted:
+        raise ConfigError(
+            "<env>",
+            "KBUS_SECURITY_MODE",
+            "'curve' (CURVE can be turned off only by security.mode in the config file)",
+            _show(wanted),
+        )
 
 
 def settings_for_node(name: str, **node_fields: object) -> Settings:
@@ -662,4 +698,10 @@ def build(
 ) -> _D:
     """A settings dataclass from one TOML table, checked as load() checks each section; e.g. an
     actor's typed options from `ActorSpec.options`, with `key` = 'actors.<name>'."""
-    return _build(cls, table, _At(source, key, base_dir.absolute() if base_dir else None))
+    return _build(cls, table, _At(source, key, _folder(base_dir) if base_dir else None))
+
+
+def _folder(path: Path) -> Path:
+    """``path`` made absolute with its '..' steps taken out (symlinks kept): a config file reached as
+    ``../conf/n1.toml`` has its relative paths in ``conf``, and they pass the no-'..' rule."""
+    return Path(os.path.abspath(path))

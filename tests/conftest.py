@@ -172,6 +172,24 @@ class KbusNode:
     line: str
     output: list[str] = field(default_factory=list)
     pump: threading.Thread | None = None
+    # Every line after the first, as the reader sees it (None marks the end of the output).
+    lines: queue.SimpleQueue[str | None] = field(default_factory=queue.SimpleQueue)
+
+    def expect_line(self, text: str, timeout: float = 20.0) -> str:
+        """Wait for the next output line containing ``text`` (other lines are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"kbus node {self.proc.pid}: no {text!r} line within {timeout}s"
+                ) from None
+            if line is None:
+                self.lines.put(None)
+                raise AssertionError(f"kbus node {self.proc.pid} ended before printing {text!r}")
+            if text in line:
+                return line.rstrip("\n")
 
     @property
     def port(self) -> int:
@@ -195,9 +213,18 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
     node still running at the end is ended by its PID (SIGTERM, then SIGKILL)."""
     started: list[KbusNode] = []
 
-    def start(config: Path, *, env: dict[str, str] | None = None, timeout: float = 60.0) -> KbusNode:
+    def start(
+        config: Path,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        args: tuple[str, ...] = (),
+        script: Path | None = None,
+    ) -> KbusNode:
+        """``args`` follow ``--config FILE``; ``script``: a test peer wrapping ``kbus node`` runs instead."""
+        command = [str(script)] if script is not None else ["-m", "actors.cli", "node"]
         proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "actors.cli", "node", "--config", str(config)],
+            [sys.executable, "-P", *command, "--config", str(config), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -206,7 +233,7 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
         )
         node = KbusNode(proc, "")
         started.append(node)
-        lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        lines = node.lines
         out = proc.stdout
         assert out is not None
 
@@ -218,13 +245,17 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
 
         node.pump = threading.Thread(target=pump, daemon=True)
         node.pump.start()
-        try:
-            first = lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"kbus node {config} not listening within {timeout}s") from None
-        assert first is not None and "listening" in first, (
-            f"kbus node {config} failed: {''.join(node.output)}"
-        )
+        # Warnings may come first (plain tcp endpoints); the 'listening' line says the node is up.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                first = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"kbus node {config} not listening within {timeout}s") from None
+            assert first is not None, f"kbus node {config} failed: {''.join(node.output)}"
+            if "listening" in first:
+                break
+            assert " WARNING " in first, f"kbus node {config} failed: {''.join(node.output)}"
         node.line = first
         return node
 

@@ -28,6 +28,7 @@ from transport.errors import (
     HandlerError,
     ProtocolError,
     RemoteError,
+    cut_text,
 )
 
 # A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
@@ -37,6 +38,7 @@ JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
 MAX_DEPTH = 32
+_SHOWN_NAMES = 5  # unknown field names an error lists
 UUID_EXT = 1
 TYPE_KEY = "$t"
 
@@ -311,7 +313,10 @@ class Registry:
                 raise _Bad(f"missing field {name!r}")
         if seen != len(raw) - (TYPE_KEY in raw):
             extra = sorted(str(k) for k in raw.keys() - set(self._fields[cls]) - {TYPE_KEY})
-            raise _Bad(f"unknown fields {extra}")
+            # Named, but bounded: a body of many unknown names must not make an error larger than itself.
+            shown = ", ".join(repr(cut_text(k, 40)) for k in extra[:_SHOWN_NAMES])
+            more = f" and {len(extra) - _SHOWN_NAMES} more" if len(extra) > _SHOWN_NAMES else ""
+            raise _Bad(f"unknown fields [{shown}]{more}")
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:  # __post_init__ validation of the class itself
@@ -408,7 +413,8 @@ class Registry:
 
     # -- errors on the wire
     def error_reply(self, exc: BaseException, *, depth: int = 0) -> Any:
-        """An ``ErrorReply`` body for ``exc``, with its cause chain (bounded)."""
+        """An ``ErrorReply`` body for ``exc``, with its cause chain (bounded: 5 levels, each message cut to
+        ``MAX_ERROR_TEXT`` characters with its original size noted)."""
         from transport.messages import ErrorReply
 
         cause_exc = exc.__cause__
@@ -418,14 +424,40 @@ class Registry:
             fields = exc.wire_fields()
             if wire == RemoteError.WIRE and type(exc) is not RemoteError:
                 fields = {**fields, "wire_name": exc.WIRE}
-            return ErrorReply(error=wire, message=exc.message, fields=fields, cause=cause)
+            return ErrorReply(error=wire, message=cut_text(exc.message), fields=fields, cause=cause)
         return ErrorReply(
             error=HandlerError.WIRE,
-            message=f"{type(exc).__name__}: {exc}",
+            message=cut_text(f"{type(exc).__name__}: {exc}"),
             fields={"exc_type": type(exc).__name__},
             cause=cause,
             exc_type=type(exc).__name__,
         )
+
+    def encode_error(self, exc: BaseException) -> bytes:
+        """The encoded ``ErrorReply`` body for ``exc``; never raises.
+
+        An error whose fields cannot travel (too large, or not encodable) goes without them and without its
+        cause, its message saying so; failing that, a bare ``ProtocolError`` naming the error's class.
+        """
+        from transport.messages import ErrorReply
+
+        try:
+            return self.encode(self.error_reply(exc))
+        except Exception as first:  # noqa: BLE001 - any failure here falls back to a smaller error
+            reason = cut_text(f"{type(first).__name__}: {first}", 200)
+        try:
+            full = self.error_reply(exc)
+            slim = ErrorReply(
+                error=full.error,
+                message=cut_text(f"{full.message} [error fields dropped: {reason}]"),
+                exc_type=full.exc_type,
+            )
+            return self.encode(slim)
+        except Exception:  # noqa: BLE001 - the last resort below cannot fail
+            bare = ErrorReply(
+                error=ProtocolError.WIRE, message=f"a {type(exc).__name__} could not be encoded"
+            )
+            return self.encode(bare)
 
     def rebuild_error(self, reply: Any) -> BusError:
         """The exception an ``ErrorReply`` describes, as the same class, with ``__cause__`` restored."""
@@ -552,7 +584,6 @@ def _dict_of(item: Converter) -> Converter:
         return {k: item(v, depth + 1) for k, v in value.items()}
 
     return convert
-
 
 
 def decode_for_display(frame: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> Any:

@@ -7,6 +7,7 @@ The tree::
     ├─ NotDelivered               known not delivered: nothing ran, safe to retry
     ├─ Unavailable                outcome unknown (peer or actor gone mid-request): retry only by `idem`
     ├─ Expired                    the request's deadline passed before a reply arrived
+    ├─ LimitExceeded              a request asks for more than a documented limit (nothing ran)
     ├─ HandlerError               a handler raised something that is not a BusError (a bug on the far side)
     └─ RemoteError                an error class this side does not know (kept by name, never guessed)
 
@@ -88,6 +89,16 @@ class Expired(BusError):
     WIRE = "expired"
 
 
+class LimitExceeded(BusError):
+    """A request asks for more than a documented limit (a count, a length, a number held at once).
+
+    Nothing ran. ``details`` name the ``field`` and its ``limit``. Not retryable as it is: the same request
+    fails the same way (one held past a limit at once may pass later, when others were answered).
+    """
+
+    WIRE = "limit_exceeded"
+
+
 class HandlerError(BusError):
     """The far side's handler raised a non-bus exception, named by ``exc_type``: a bug, reported."""
 
@@ -100,6 +111,17 @@ class RemoteError(BusError):
     WIRE = "remote"
 
 
+MAX_ERROR_TEXT = 2000
+"""Characters of an error's message that travel (or are logged); the rest is cut, its size noted."""
+
+
+def cut_text(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """``text`` if it fits in ``limit`` characters, else its start and a note of the size it had."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [cut: {len(text)} characters in all]"
+
+
 # Names the spec (RULES.md C.1, MB-04, MB-10) uses for the same outcomes.
 BusTimeout = Expired
 ActorUnavailable = Unavailable
@@ -110,6 +132,7 @@ TRANSPORT_ERRORS: tuple[type[BusError], ...] = (
     NotDelivered,
     Unavailable,
     Expired,
+    LimitExceeded,
     HandlerError,
     RemoteError,
 )

@@ -26,8 +26,8 @@ from zmq.backend import zmq_poll
 
 from transport.envelope import Inbound
 from transport.errors import NotDelivered, ProtocolError
-from transport.security import user_id
-from transport.sockets import POLLIN, Sock, make_router, recv_frames, send_frames
+from transport.security import SecurityError, user_id
+from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -112,7 +112,7 @@ class SocketInbox:
                     bound.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
             self._curve = curve
             self.endpoints = tuple(bound)
-        except (zmq.ZMQError, OSError, ValueError) as exc:
+        except (zmq.ZMQError, OSError, ValueError, SecurityError, BindError) as exc:
             log.warning(
                 "%s/%s: no direct socket (%s); reachable through the node only", node.name, self._actor, exc
             )
@@ -121,6 +121,8 @@ class SocketInbox:
             return
         self._sock = sock
         self._items.append((sock, POLLIN))
+        for endpoint in self.endpoints:
+            node._warn_if_plain(endpoint, f"actor {self._actor} listens on")
         node.publish_direct(self._actor, self.endpoints)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:

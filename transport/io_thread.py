@@ -20,7 +20,7 @@ import zmq
 from transport.codec import encode_header
 from transport.envelope import REPLY_FLOWS, Header, Inbound, Route, node_of
 from transport.errors import NotDelivered, ProtocolError, Unavailable
-from transport.messages import Hello, Resolve, Resolved
+from transport.messages import ErrorReply, Hello, Resolve, Resolved
 from transport.security import SecurityError, user_id
 from transport.sockets import (
     Peer,
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("transport.node")
 
+MAX_ROUTES = 16384  # nodes known by the hello on their inbound connection; the oldest is forgotten past it
+
 
 class IoThread(threading.Thread):
     """Owns every socket of the node; see the Node docstring."""
@@ -49,6 +51,7 @@ class IoThread(threading.Thread):
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self.poll_until = 0.0  # monotonic time the current poll may sleep until
+        self.input_failures = 0
         self.routers: list[tuple[Sock, bool]] = []  # (socket, uses CURVE)
         self.dealers: dict[str, tuple[Sock, Sock, Peer]] = {}  # peer -> (dealer, monitor, peer)
         self.connected: dict[str, threading.Event] = {}
@@ -112,6 +115,9 @@ class IoThread(threading.Thread):
         wake = self._wake_r
         while True:
             wait = node.pending.expire_due()
+            timer = node.timers.run_due()
+            if timer is not None and (wait is None or timer < wait):
+                wait = timer
             timeout_ms = 1000 if wait is None else max(0, min(1000, int(wait * 1000) + 1))
             self.poll_until = node.monotonic() + timeout_ms / 1000
             for sock, _ in self.poller.poll(timeout_ms):
@@ -128,7 +134,11 @@ class IoThread(threading.Thread):
                 item = outbox.get_nowait()
                 if item[0] == "stop":
                     return
-                self._command(item)
+                try:
+                    self._command(item)
+                except Exception:  # one bad command must not end the thread
+                    node.stats.incr("io_command_failures")
+                    log.exception("node %s: I/O thread command %s failed", node.name, item[0])
 
     def _readable(self, sock: Sock) -> None:
         for index, (router, curve) in enumerate(self.routers):
@@ -195,6 +205,18 @@ class IoThread(threading.Thread):
             self._flush()
 
     def _inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
+        # No frame may stop the I/O thread: a failure routing one is counted and logged once.
+        try:
+            self._route_inbound(head, body, route, auth)
+        except Exception:  # the node's one I/O thread outlives any frame
+            self.input_failures += 1
+            self.node.stats.incr("io_input_failures")
+            if self.input_failures == 1:
+                log.exception(
+                    "node %s: routing an inbound frame failed (counted, logged once)", self.node.name
+                )
+
+    def _route_inbound(self, head: bytes, body: bytes, route: Route, auth: str | None) -> None:
         node = self.node
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
@@ -215,7 +237,11 @@ class IoThread(threading.Thread):
         # Whatever is not batched happens in arrival order: what was batched before it goes out first.
         self._flush()
         if header.kind == Hello.TAG:
-            self.routes[node_of(header.src)] = route
+            routes = self.routes
+            routes[node_of(header.src)] = route
+            if len(routes) > MAX_ROUTES:  # bounded: any peer may say hello under made-up names
+                del routes[next(iter(routes))]
+                node.stats.incr("routes_forgotten")
             return
         if dst == self._directory and header.kind == Resolve.TAG:
             self._resolve(header, body, route)
@@ -240,13 +266,26 @@ class IoThread(threading.Thread):
         node = self.node
         try:
             query = node.registry.decode(Resolve.TAG, body)
-            answer: Any = Resolved(actor=query.actor, endpoints=node.direct_endpoints(query.actor))
+            # Only endpoints of the transport the query came over: a peer on tcp learns nothing of this
+            # machine's ipc paths (and could not use them anyway).
+            scheme = self._scheme_of(route)
+            endpoints = tuple(e for e in node.direct_endpoints(query.actor) if e.startswith(scheme))
+            answer = Resolved(actor=query.actor, endpoints=endpoints)
+            tag, encoded = Resolved.TAG, node.registry.encode(answer)
         except ProtocolError as exc:
-            answer = node.registry.error_reply(exc)
-        reply = node.header(
-            node.registry.tag_of(answer), node.directory_address, header.src, "reply", corr=header.id
-        )
-        self._reply(route, [encode_header(reply), node.registry.encode(answer)], reply)
+            tag, encoded = ErrorReply.TAG, node.registry.encode_error(exc)
+        reply = node.header(tag, node.directory_address, header.src, "reply", corr=header.id)
+        self._reply(route, [encode_header(reply), encoded], reply)
+
+    def _scheme_of(self, route: Route) -> str:
+        """``tcp://``, ``ipc://`` or ``inproc://``: how the connection a message came in on was made."""
+        if route[0] == "r" and route[1] < len(self.node.endpoints):
+            endpoint = self.node.endpoints[route[1]]
+        elif route[0] == "d" and route[1] in self.dealers:
+            endpoint = self.dealers[route[1]][2].endpoint
+        else:
+            return "\0"  # unknown: match nothing
+        return endpoint.partition("://")[0] + "://"
 
     # ---------------------------------------------------------------------------------- commands
     def _command(self, item: tuple[Any, ...]) -> None:
@@ -310,8 +349,16 @@ class IoThread(threading.Thread):
             node.pending.fail_peer(peer.name, lambda e: Unavailable(f"connection to {peer.name} replaced"))
         try:
             dealer = make_dealer(node.context, peer, node.options, node.security)
-        except SecurityError:
-            log.exception("node %s: cannot connect to %s", node.name, peer.name)
+        except SecurityError as exc:
+            node.log_limit.log(
+                log,
+                logging.ERROR,
+                ("connect", peer.name),
+                "node %s: cannot connect to %s: %s",
+                node.name,
+                peer.name,
+                exc,
+            )
             return
         monitor = dealer.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -320,7 +367,23 @@ class IoThread(threading.Thread):
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
         )
-        dealer.connect(peer.endpoint)
+        try:
+            dealer.connect(peer.endpoint)
+        except zmq.ZMQError as exc:
+            dealer.disable_monitor()
+            monitor.close(0)
+            dealer.close(0)
+            node.log_limit.log(
+                log,
+                logging.ERROR,
+                ("connect", peer.name),
+                "node %s: cannot connect to %s at %s: %s",
+                node.name,
+                peer.name,
+                peer.endpoint,
+                exc,
+            )
+            return
         self.dealers[peer.name] = (dealer, monitor, peer)
         self.connected[peer.name] = event or threading.Event()
         self.poller.register(dealer, zmq.POLLIN)
@@ -354,7 +417,9 @@ class IoThread(threading.Thread):
                 log.info("node %s: lost %s (%d requests in flight)", node.name, name, failed)
             elif (why := handshake_refusal(event)) is not None:
                 node.stats.incr("handshake_failures")
-                log.warning("node %s: %s: %s", node.name, name, why)
+                node.log_limit.log(
+                    log, logging.WARNING, ("handshake", name), "node %s: %s: %s", node.name, name, why
+                )
 
 
 def _close_fds(*fds: int) -> None:

@@ -70,6 +70,15 @@ class ErrorReply:
     exc_type: str | None = None
 
 
+# The echo actor's limits (a request past one gets ``LimitExceeded``, and nothing runs). Every other size
+# is bounded by the node's frame size (``node.max_frame_bytes``, 1 MiB by default): ``Echo.payload``,
+# ``Echo.text``, ``Echo.data`` (nested at most ``codec.MAX_DEPTH`` deep), ``Hold.note``, ``Fail.message``
+# (its error text is cut to ``errors.MAX_ERROR_TEXT`` characters in the reply).
+ECHO_MAX_STREAM_PARTS = 10_000  # EchoStream.count: 0 to this
+ECHO_MAX_STREAM_BYTES = 16 << 20  # EchoStream.count * len(EchoStream.payload): what one stream may send
+ECHO_MAX_HELD = 1024  # Hold: requests one echo actor holds at once (each until its deadline)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Echo:
     """Sent back unchanged by the built-in echo actor (ping and benchmarks)."""
@@ -83,7 +92,10 @@ class Echo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EchoStream:
-    """Ask the echo actor for ``count`` partial replies followed by one final reply."""
+    """Ask the echo actor for ``count`` partial replies followed by one final reply.
+
+    ``count`` is 0 to ``ECHO_MAX_STREAM_PARTS``, and ``count * len(payload)`` at most
+    ``ECHO_MAX_STREAM_BYTES``; past either, ``LimitExceeded``."""
 
     TAG: ClassVar[str] = "echo.stream"
     count: int
@@ -101,7 +113,10 @@ class Fail:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hold:
-    """Ask the echo actor to accept a request and never answer it (deadline and peer-death tests)."""
+    """Ask the echo actor to accept a request and never answer it (deadline and peer-death tests).
+
+    It is forgotten at its deadline; at most ``ECHO_MAX_HELD`` are held at once (past that,
+    ``LimitExceeded``)."""
 
     TAG: ClassVar[str] = "echo.hold"
     note: str = ""

@@ -41,12 +41,14 @@ from transport.envelope import (
 )
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.io_thread import IoThread
+from transport.logs import LogLimiter
 from transport.messages import SYSTEM_MESSAGES, ErrorReply, Resolve, Resolved
 from transport.pending import (
     BusFuture,
     PendingRequest,
     PendingTable,
     Reply,
+    Timers,
     current_actor,
     forbid_blocking,
 )
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
+_SEQ_SENDERS = 16384  # (src, dst) pairs a thread numbers its sends for
 _SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
 _new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
@@ -149,7 +152,10 @@ class Node:
         self.ids = ids
         self.capture = capture
         self.stats = Stats()
-        self.pending = PendingTable(monotonic)
+        # Lines hostile input can repeat (drops, refusals, handler errors) go through here: see logs.py.
+        self.log_limit = LogLimiter(monotonic=monotonic)
+        self.pending = PendingTable(monotonic, self.log_limit)
+        self.timers = Timers(monotonic)
         self._binds = tuple(bind)
         self._peers: dict[str, Peer] = {p.name: p for p in peers}
         self._actors: dict[str, ActorRefLike] = {}
@@ -162,6 +168,7 @@ class Node:
         self._io: IoThread | None = None
         self._running = False
         self.endpoints: tuple[str, ...] = ()
+        self.stuck: tuple[str, ...] = ()  # actors the last stop() left behind, stuck in a handler
 
     # ------------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -219,23 +226,47 @@ class Node:
             ZapService.unregister(self.context, self.name)
             raise failure
         self._running = True
+        for endpoint in self.endpoints:
+            self._warn_if_plain(endpoint, "listens on")
         for peer in self._peers.values():
+            self._warn_if_plain(peer.endpoint, f"connects to {peer.name} at")
             self._outbox_put(("connect", peer))
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop local actors, close every socket, fail what is still in flight with ``Unavailable``."""
+    def _warn_if_plain(self, endpoint: str, what: str) -> None:
+        if endpoint.startswith("tcp://") and not self.security.uses_curve(endpoint):
+            log.warning(
+                "node %s %s %s over PLAIN tcp: not encrypted, not authenticated (security mode %s)",
+                self.name,
+                what,
+                endpoint,
+                "plain-insecure-for-benchmarks",
+            )
+
+    def stop(self, timeout: float = 5.0) -> tuple[str, ...]:
+        """Stop local actors, close every socket, fail what is still in flight with ``Unavailable``.
+
+        Bounded: the actors are stopped in the order they were spawned, all within ``timeout`` seconds
+        (each gets what is left of it, and at least 0.2 s). An actor stuck in a handler is left behind, said
+        in one line; the addresses of those are returned (also in ``stuck``). Its thread cannot be ended
+        from outside: ``kbus node`` then exits the process anyway.
+        """
         if not self._running:
-            return
+            return ()
         self._running = False
+        deadline = self.monotonic() + timeout
+        stuck: list[str] = []
         for key, ref in list(self._actors.items()):
+            wait = max(0.2, deadline - self.monotonic())
             try:
-                ref.stop(block=True, timeout=timeout)
+                ref.stop(block=True, timeout=wait)
             except pykka.Timeout:  # busy in a handler that does not return: left behind, said in one line
+                stuck.append(f"{self.name}/{key}")
                 log.warning("node %s: actor %s still busy after %.1fs: left behind", self.name, key, timeout)
             except Exception:  # an actor that is already dead or stuck must not stop the shutdown
                 log.warning("node %s: actor %s did not stop cleanly", self.name, key, exc_info=True)
         self._actors.clear()
+        self.stuck = tuple(stuck)
         io = self._io
         if io is not None:
             self._outbox_put(("stop",))
@@ -252,6 +283,8 @@ class Node:
         ZapService.unregister(self.context, self.name)
         if self.capture is not None:
             self.capture.close()
+        self.log_limit.flush()
+        return self.stuck
 
     def __enter__(self) -> Node:
         if self._io is None:
@@ -272,6 +305,7 @@ class Node:
             raise ValueError(f"not a node name: {peer.name!r}")
         self._peers[peer.name] = peer
         if self._io is not None:
+            self._warn_if_plain(peer.endpoint, f"connects to {peer.name} at")
             event = threading.Event()
             self._outbox_put(("connect", peer, event))
             if wait is not None:
@@ -367,6 +401,10 @@ class Node:
             table = self._tls.seq = {}
         n = table.get((src, dst), 0) + 1
         table[(src, dst)] = n
+        if len(table) > _SEQ_SENDERS:
+            # Bounded: hostile peers can make a node answer many made-up addresses. The oldest pair forgets
+            # its count (its receiver may note one sequence gap).
+            del table[next(iter(table))]
         return n
 
     def request(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -580,7 +618,15 @@ class Node:
     def _report_tell_error(self, error: BusError, tell_id: bytes) -> None:
         self.stats.incr("tell_errors")
         if not self._tell_error_listeners:
-            log.warning("node %s: tell %s failed: %r", self.name, tell_id.hex(), error)
+            self.log_limit.log(
+                log,
+                logging.WARNING,
+                ("tell_error", type(error)),
+                "node %s: tell %s failed: %r",
+                self.name,
+                tell_id.hex(),
+                error,
+            )
         for listener in list(self._tell_error_listeners):
             try:
                 listener(error, tell_id)
@@ -703,13 +749,18 @@ class Node:
             header = decode_header(head, max_bytes=self.max_header_bytes)
         except ProtocolError as exc:
             self.stats.incr("malformed")
-            log.info("node %s: dropped a malformed frame: %s", self.name, exc)
+            self.log_limit.log(
+                log, logging.INFO, "malformed", "node %s: dropped a malformed frame: %s", self.name, exc
+            )
             return None
         if auth is not None:
             allowed = auth[5:] if auth.startswith("peer:") else self.security.node_for_key(auth)
             if allowed != node_of(header.src):
                 self.stats.incr("spoofed")
-                log.warning(
+                self.log_limit.log(
+                    log,
+                    logging.WARNING,
+                    ("spoofed", allowed),
                     "node %s: dropped %s claiming src %s from key of %s",
                     self.name,
                     header.kind,
@@ -725,7 +776,16 @@ class Node:
             last = seq_seen.pop(key, None)
             if last is not None and header.seq != last + 1:
                 self.stats.incr("seq_gaps")
-                log.info("node %s: sequence gap %s -> %s from %s", self.name, last, header.seq, header.src)
+                self.log_limit.log(
+                    log,
+                    logging.INFO,
+                    "seq_gap",
+                    "node %s: sequence gap %s -> %s from %s",
+                    self.name,
+                    last,
+                    header.seq,
+                    header.src,
+                )
             seq_seen[key] = header.seq
             if len(seq_seen) > _SEQ_TRACKED:
                 seq_seen.popitem(last=False)
@@ -770,7 +830,7 @@ class Node:
                 "reply" if header.is_request else "tell",
                 corr=header.id,
             )
-            self.send(reply, self.registry.encode(self.registry.error_reply(error)), route=route)
+            self.send(reply, self.registry.encode_error(error), route=route)
         else:
             self.stats.incr("dropped_replies")
 
@@ -780,6 +840,18 @@ class Node:
         if io is not None:
             self.stats.incr("hops_to_io")
             io.wake()
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns
+        a handle for ``cancel_call``. Nothing runs after the node stopped."""
+        handle = self.timers.add(at, callback)
+        io = self._io
+        if io is not None and at < io.poll_until:
+            io.wake()  # the I/O thread sleeps past this time: let it re-arm
+        return handle
+
+    def cancel_call(self, handle: int) -> None:
+        self.timers.cancel(handle)
 
     def call_in_io_thread(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
         """Run ``fn`` on the I/O thread (for tests and diagnostics) and return its result."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from transport.envelope import Header
 from transport.errors import BusError, Expired
+from transport.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,9 @@ class PendingRequest:
 class PendingTable:
     """Thread-safe: senders register, the I/O thread (or a local replier) resolves, the I/O thread expires."""
 
-    def __init__(self, monotonic: Callable[[], float]) -> None:
+    def __init__(self, monotonic: Callable[[], float], log_limit: LogLimiter | None = None) -> None:
         self._lock = threading.Lock()
+        self._log_limit = log_limit or LogLimiter(monotonic=monotonic)
         self._entries: dict[bytes, PendingRequest] = {}
         self._timers: list[_Timer] = []
         self._monotonic = monotonic
@@ -174,7 +176,9 @@ class PendingTable:
             elif reply.final:
                 del self._entries[request_id]
         if entry is None:
-            log.info("dropped a late or duplicate reply to %s", request_id.hex())
+            self._log_limit.log(
+                log, logging.INFO, "late_reply", "dropped a late or duplicate reply to %s", request_id.hex()
+            )
             return False
         _deliver(entry, reply)
         return True
@@ -222,6 +226,58 @@ class PendingTable:
             self._timers.clear()
         for e in gone:
             _deliver(e, Reply(None, error, True))
+
+
+class Timers:
+    """One-shot callbacks at monotonic times, run by the node's I/O thread (its one timer). Thread-safe.
+
+    A callback must not block: it runs on the thread every socket of the node depends on. A cancelled
+    timer is forgotten lazily (its slot is dropped once cancelled ones dominate the heap).
+    """
+
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self._lock = threading.Lock()
+        self._heap: list[tuple[float, int]] = []
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._next = 0
+        self._monotonic = monotonic
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    def add(self, at: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` once ``monotonic() >= at``; returns a handle for ``cancel``."""
+        with self._lock:
+            self._next += 1
+            handle = self._next
+            self._callbacks[handle] = callback
+            heapq.heappush(self._heap, (at, handle))
+            return handle
+
+    def cancel(self, handle: int) -> None:
+        with self._lock:
+            self._callbacks.pop(handle, None)
+            if len(self._heap) > 64 and len(self._heap) > 4 * len(self._callbacks):
+                self._heap = [t for t in self._heap if t[1] in self._callbacks]
+                heapq.heapify(self._heap)
+
+    def run_due(self) -> float | None:
+        """Run what is due; return seconds until the next timer (None when none is set)."""
+        now = self._monotonic()
+        due: list[Callable[[], None]] = []
+        with self._lock:
+            heap = self._heap
+            while heap and heap[0][0] <= now:
+                callback = self._callbacks.pop(heapq.heappop(heap)[1], None)
+                if callback is not None:
+                    due.append(callback)
+            nxt = heap[0][0] - now if heap else None
+        for callback in due:
+            try:
+                callback()
+            except Exception:  # a callback's bug must not kill the I/O thread
+                log.exception("a timer callback failed")
+        return nxt
 
 
 def _deliver(entry: PendingRequest, reply: Reply) -> None:

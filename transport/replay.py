@@ -78,11 +78,12 @@ class ReplayNode(Node):
     def start(self, timeout: float = 10.0) -> Node:
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> tuple[str, ...]:
         self._running = False
         for ref in list(self._actors.values()):
             ref.stop(block=True, timeout=timeout)
         self._actors.clear()
+        return ()
 
     def send(
         self,

@@ -12,6 +12,8 @@ import logging
 import os
 import stat
 import threading
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,9 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from transport.envelope import is_node_name
 from transport.errors import ProtocolError
+from transport.logs import LogLimiter
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,11 @@ def load_public_key(public_file: str | os.PathLike[str]) -> str:
 
 
 def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
-    """Write ``name.key`` (public) and ``name.key_secret`` (mode 0600) into ``directory`` (mode 0700)."""
+    """Write ``name.key`` (public) and ``name.key_secret`` (mode 0600) into ``directory`` (mode 0700).
+
+    ``name`` is a node name (the name the key will speak as), so it never leaves ``directory``."""
+    if not is_node_name(name) or not name.strip("."):
+        raise SecurityError(f"{name!r} is not a node name (letters, digits, '_', '.', '-'; not only dots)")
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     public_file = folder / f"{name}.key"
@@ -111,24 +119,40 @@ class _Provider:
     def __init__(self, allow: Mapping[str, str]) -> None:
         self.allow = dict(allow)
         self.refused = 0
+        self._log_limit = LogLimiter()
 
     def callback(self, domain: str, key: bytes) -> bool:
         ok = key.decode("ascii", "replace") in self.allow
         if not ok:
             self.refused += 1
-            log.warning("ZAP: refused client key %s for %s", key[:8].decode("ascii", "replace"), domain)
+            shown = key[:8].decode("ascii", "replace")
+            self._log_limit.log(
+                log, logging.WARNING, "refused", "ZAP: refused client key %s for %s", shown, domain
+            )
         return ok
 
 
 class ZapService:
-    """The one ZAP authenticator of a ZeroMQ context, shared by the nodes in it (one domain each)."""
+    """The one ZAP authenticator of a ZeroMQ context, shared by the nodes in it (one domain each).
+
+    It lives as long as its context: a node that stops only removes its domain (an unknown domain is
+    refused, so that closes the door). Stopping the authenticator and starting another one on the same
+    context races libzmq: closing the ZAP socket frees ``inproc://zeromq.zap.01`` later, on libzmq's reaper
+    thread, so the next bind could fail with "Address already in use" (the flake of issue 18). Where a
+    restart cannot be avoided (the authenticator's thread died, or ``close`` was called before the owner
+    terminates its context), ``register`` waits a bounded time for libzmq to release the endpoint.
+
+    The table is keyed by ``id(context)``; each entry holds its context (the authenticator keeps a reference),
+    so an id cannot be reused by another context while its entry exists.
+    """
 
     _lock = threading.Lock()
     _by_context: dict[int, ZapService] = {}  # noqa: RUF012 - process-wide table, guarded by _lock
+    BIND_WAIT = 5.0  # seconds register() waits for a closed ZAP socket's endpoint to be released
 
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
-        self._auth = ThreadAuthenticator(context, log=logging.getLogger("kbus.zap"))
-        self._auth.start()
+        self.context = context
+        self._auth = _start_authenticator(context, self.BIND_WAIT)
         self._providers: dict[str, _Provider] = {}
 
     @classmethod
@@ -137,7 +161,12 @@ class ZapService:
     ) -> _Provider:
         with cls._lock:
             service = cls._by_context.get(id(context))
-            if service is None or not service.running:
+            if service is not None and not service.running:
+                # Its thread died: close what it still holds before a new one binds the ZAP endpoint.
+                log.warning("ZAP: the authenticator of this context stopped; starting a new one")
+                service._auth.stop()
+                service = None
+            if service is None:
                 service = cls(context)
                 cls._by_context[id(context)] = service
             provider = _Provider(allow)
@@ -149,6 +178,8 @@ class ZapService:
 
     @classmethod
     def unregister(cls, context: zmq.Context[zmq.Socket[bytes]], domain: str) -> None:
+        """Close the door for ``domain``; the authenticator keeps running for the context's other nodes
+        (and for the next one: see the class docstring)."""
         with cls._lock:
             service = cls._by_context.get(id(context))
             if service is None:
@@ -156,14 +187,61 @@ class ZapService:
             service._providers.pop(domain, None)
             # An unknown domain is refused by the authenticator: removing the provider closes the door.
             service._auth.credentials_providers.pop(domain, None)
-            if not service._providers:
-                service._auth.stop()
-                del cls._by_context[id(context)]
+
+    @classmethod
+    def close(cls, context: zmq.Context[zmq.Socket[bytes]]) -> None:
+        """Stop the context's authenticator (for an owner about to terminate its own context: ``term()``
+        waits for every socket, the ZAP socket included). A later ``register`` starts a new one."""
+        with cls._lock:
+            service = cls._by_context.pop(id(context), None)
+        if service is not None:
+            service._auth.stop()
+
+    def domains(self) -> tuple[str, ...]:
+        return tuple(self._providers)
+
+    @classmethod
+    def service_for(cls, context: zmq.Context[zmq.Socket[bytes]]) -> ZapService | None:
+        with cls._lock:
+            return cls._by_context.get(id(context))
 
     @property
     def running(self) -> bool:
         thread = self._auth.thread
         return thread is not None and thread.is_alive()
+
+
+def _start_authenticator(context: zmq.Context[zmq.Socket[bytes]], wait: float) -> ThreadAuthenticator:
+    """A started authenticator; retries the ZAP bind while a closed predecessor's endpoint is released."""
+    deadline = time.monotonic() + wait
+    delay = 0.001
+    while True:
+        auth = ThreadAuthenticator(context, log=logging.getLogger("kbus.zap"))
+        # pyzmq names the control pipe after id(auth); a new object can get a stopped one's id while libzmq
+        # still holds that endpoint, the same race as the ZAP endpoint's. A fresh name each time.
+        auth.pipe_endpoint = f"inproc://kbus.zap-pipe.{uuid.uuid4().hex}"
+        try:
+            auth.start()
+            return auth
+        except zmq.ZMQError as exc:
+            _discard(auth)
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise SecurityError(f"the ZAP authenticator could not bind: {exc}") from exc
+        # libzmq releases the endpoint on its reaper thread, within microseconds to milliseconds: a short,
+        # bounded back-off, not a wait for an event (libzmq offers none).
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _discard(auth: ThreadAuthenticator) -> None:
+    """Close what a half-started authenticator holds. Not ``stop()``: it would send TERMINATE over a pipe
+    that may have no peer, and a PAIR send without a peer blocks."""
+    if auth.pipe is not None:
+        auth.pipe.close(linger=0)
+        auth.pipe = None  # type: ignore[assignment]
+    if auth.zap_socket is not None:
+        auth.zap_socket.close(linger=0)
+        auth.zap_socket = None  # type: ignore[assignment]
 
 
 def configure_server(sock: zmq.Socket[bytes], security: Security, domain: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +96,10 @@ class Peer:
     server_key: str | None = None
 
 
+class BindError(Exception):
+    """A node could not bind one of its endpoints (address in use, no permission, no such interface)."""
+
+
 def _common(sock: Sock, endpoint: str, opts: SocketOptions) -> None:
     sock.linger = 0
     sock.sndhwm = opts.sndhwm
@@ -122,7 +126,10 @@ def make_router(ctx: Ctx, endpoint: str, opts: SocketOptions, security: Security
             raise SecurityError(f"{endpoint}: tcp without CURVE needs plain_insecure_for_benchmarks")
         if endpoint.startswith("ipc://"):
             _private_ipc_dir(endpoint)
-        sock.bind(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise BindError(f"cannot bind {endpoint}: {exc.strerror}") from exc
         return sock
     except BaseException:
         sock.close(0)
@@ -130,12 +137,40 @@ def make_router(ctx: Ctx, endpoint: str, opts: SocketOptions, security: Security
 
 
 def _private_ipc_dir(endpoint: str) -> None:
-    path = Path(endpoint.removeprefix("ipc://"))
-    folder = path.parent if str(path.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # Only the owner may connect: ipc has no CURVE by default, the folder's mode is its lock.
-    if folder.stat().st_uid == os.getuid() and folder != Path("/tmp"):
-        os.chmod(folder, 0o700)
+    """Make sure an ipc socket's folder is fit for it; raise ``SecurityError`` if not.
+
+    A missing folder is created mode 0700 (each missing level), since ipc has no CURVE by default and the
+    folder's mode is its lock. A folder that exists is never changed (it may be shared: ``/run``,
+    ``/dev/shm``, a symlink to one). One that anyone may write into without the sticky bit is refused:
+    another user could replace the socket. Linux's abstract names (``@name``) and ``*`` have no folder.
+    """
+    path = endpoint.removeprefix("ipc://")
+    if path.startswith("@") or path == "*":
+        return
+    folder = Path(path).parent
+    missing: list[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile by someone else: checked below like any existing folder
+        except OSError as exc:
+            raise SecurityError(f"{endpoint}: cannot create the socket's folder {level}: {exc}") from exc
+    folder = Path(path).parent
+    try:
+        info = folder.stat()  # through a symlink: the folder the socket lands in
+    except OSError as exc:
+        raise SecurityError(f"{endpoint}: cannot read the socket's folder {folder}: {exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise SecurityError(f"{endpoint}: {folder} is not a folder")
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        raise SecurityError(
+            f"{endpoint}: the socket's folder {folder} is writable by anyone and has no sticky bit "
+            "(another user could replace the socket): use a private folder"
+        )
 
 
 def make_dealer(ctx: Ctx, peer: Peer, opts: SocketOptions, security: Security) -> Sock:
@@ -189,7 +224,13 @@ class Channel:
         self._max_header = 8192
         self.sock = make_dealer(ctx, peer, opts, security)
         self.monitor = self.sock.get_monitor_socket(_MONITOR_EVENTS)
-        self.sock.connect(peer.endpoint)
+        try:
+            self.sock.connect(peer.endpoint)
+        except zmq.ZMQError as exc:  # an endpoint zmq refuses: nothing can be sent over it
+            self.sock.disable_monitor()
+            self.monitor.close(0)
+            self.sock.close(0)
+            raise NotDelivered(f"cannot connect to {peer.name} at {peer.endpoint}: {exc.strerror}") from exc
         self._both = [(self.sock, POLLIN), (self.monitor, POLLIN)]
         # inproc has no ZMTP handshake, so no monitor event ever says it is ready: it is once connected.
         self.ready = peer.endpoint.startswith("inproc://")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import stat
 import subprocess
 import sys
@@ -159,3 +160,73 @@ def test_a_bad_config_names_the_file_and_key(tmp_path: Path, text: str, expected
     assert result.returncode == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------ one line and a non-zero exit (item 7)
+def one_line_failure(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.count("\n") == 1, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def test_a_node_on_a_tcp_port_in_use_fails_in_one_line(tmp_path: Path) -> None:
+    """Issue 18 item 7: it printed a 24-line traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(
+            tmp_path / "n1.toml",
+            f'[node]\nname = "n1"\nbind = ["tcp://127.0.0.1:{port}"]\n'
+            '[security]\nmode = "plain-insecure-for-benchmarks"\n',
+        )
+        result = kbus("node", "--config", str(config), timeout=30)
+    # The plain-tcp warning is logged only once the node is up; it never got that far.
+    one_line_failure(result, 2, f"cannot bind tcp://127.0.0.1:{port}", "in use")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('bind = ["ipc://../n1.sock"]', "node.bind[0]"),
+        ('data_dir = "../data"', "node.data_dir"),
+        ('capture = "../n1.buslog"', "node.capture"),
+    ],
+    ids=["bind", "data_dir", "capture"],
+)
+def test_a_parent_step_in_a_node_path_fails_in_one_line(tmp_path: Path, text: str, key: str) -> None:
+    config = write_config(tmp_path / "n1.toml", f'[node]\nname = "n1"\n{text}\n')
+    one_line_failure(kbus("node", "--config", str(config), timeout=30), 2, key, "without '..'")
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "."])
+def test_a_key_name_is_a_node_name(tmp_path: Path, name: str) -> None:
+    """Issue 18 item 7: ``kbus keys ../x --dir keys`` wrote outside ``--dir``."""
+    (tmp_path / "keys").mkdir()
+    one_line_failure(kbus("keys", name, "--dir", str(tmp_path / "keys")), 1, "not a node name")
+    assert list(tmp_path.rglob("*.key*")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["foo://x", "--node", "n1"], "is not an endpoint"),
+        (["ipc:///nonexistent/x.sock", "--node", "../n1"], "is not a node name"),
+        (["tcp://127.0.0.1:9", "--node", "n1"], "--server-key"),
+        (["tcp://127.0.0.1:9", "--node", "n1", "--server-key", "short"], "neither a 40-character key"),
+        (
+            ["tcp://127.0.0.1:9", "--node", "n1", "--plain", "--key", "/nonexistent/n.key_secret"],
+            "cannot read",
+        ),
+        (["ipc:///nonexistent/x.sock", "--node", "n1", "--count", "0"], "--count"),
+    ],
+    ids=["scheme", "node-name", "no-server-key", "bad-server-key", "missing-key-file", "count"],
+)
+def test_a_bad_ping_argument_fails_in_one_line(args: list[str], needle: str) -> None:
+    one_line_failure(kbus("ping", *args, timeout=30), 2, needle)
+
+
+def test_reading_a_missing_log_fails_in_one_line(tmp_path: Path) -> None:
+    one_line_failure(kbus("log", "show", str(tmp_path / "none.buslog")), 1, "No such file")

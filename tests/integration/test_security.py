@@ -6,6 +6,7 @@ receiver, and key files are private.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import stat
@@ -23,8 +24,8 @@ from actors.base import BusActor, Context
 from transport import BusError, KeyPair, Node, NotDelivered, Peer, Security, SecurityError
 from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, new_id
-from transport.messages import SYSTEM_MESSAGES, Echo
-from transport.security import create_keys, load_public_key
+from transport.messages import SYSTEM_MESSAGES, Echo, Resolve, Resolved
+from transport.security import ZapService, create_keys, load_public_key
 
 pytestmark = pytest.mark.integration
 
@@ -195,6 +196,27 @@ def test_an_unlisted_client_key_is_refused_and_nothing_is_delivered(make_node: C
     assert server.stats["spoofed"] == 0 and server.stats["unauthenticated"] == 0
 
 
+def test_clients_with_unlisted_keys_make_one_log_line(
+    make_node: Callable[..., Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18 item 6: every refused handshake was a WARNING line, so any stranger could flood the log."""
+    caplog.set_level(logging.WARNING, logger="transport.security")
+    server, link = curve_server(make_node, {})
+    for _ in range(5):
+        with raw_dealer(
+            link.endpoint,
+            keys=KeyPair.generate(),
+            server_key=link.server_key,
+            monitor=zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+        ) as (_, mon):
+            assert mon is not None
+            wait_for_event(mon, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    refusals = [r for r in caplog.records if "refused client key" in r.getMessage()]
+    assert len(refusals) == 1
+    service = ZapService.service_for(server.context)
+    assert service is not None and service._providers[SRV].refused == 5
+
+
 # ----------------------------------------------------------------------------------------- spoofing
 def test_a_valid_key_claiming_another_nodes_src_is_dropped_and_counted(
     make_node: Callable[..., Node],
@@ -249,6 +271,108 @@ def test_auth_set_by_the_sender_is_cleared_without_authentication(
             header, reply = recv_reply(sock)
             assert header.corr == sent
             assert reply.text == "", f"{actor}: a sender-set auth survived"
+
+
+# ------------------------------------------------------------------------------ the ZAP authenticator
+@pytest.fixture
+def own_context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    """A private ZeroMQ context, so no other test's nodes share its authenticator; terminated at the end."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ZapService.close(ctx)  # term() waits for every socket, the ZAP socket included
+    ctx.term()
+
+
+def zap_status(ctx: zmq.Context[zmq.Socket[bytes]], domain: str, key: KeyPair) -> bytes:
+    """Ask the context's ZAP handler (RFC 27) whether ``key`` may connect to ``domain``: b"200" or b"400"."""
+    req: zmq.Socket[bytes] = ctx.socket(zmq.REQ)
+    try:
+        req.linger = 0
+        req.connect("inproc://zeromq.zap.01")
+        req.send_multipart(
+            [b"1.0", b"1", domain.encode(), b"127.0.0.1", b"", b"CURVE", zmq.utils.z85.decode(key.public)]
+        )
+        assert req.poll(int(WAIT * 1000)), "the ZAP handler did not answer"
+        return req.recv_multipart()[2]
+    finally:
+        req.close(0)
+
+
+def test_curve_nodes_started_one_after_another_on_one_context_all_bind(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Issue 18 item 10: a node stopping used to stop the context's ZAP authenticator; libzmq frees the
+    ZAP endpoint later, on its reaper thread, so the next node's authenticator failed to bind it ("Address
+    already in use", seen once in the suite and at nearly every try in a tight loop)."""
+    keys = KeyPair.generate()
+    for i in range(30):
+        node = Node(f"n{i}", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys), context=own_context)
+        node.start()  # raised ZMQError(EADDRINUSE) from the second node on, before the fix
+        node.stop()
+
+
+def test_the_zap_endpoint_survives_register_and_unregister_in_a_loop(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    for _ in range(200):
+        ZapService.register(own_context, "d", {})
+        ZapService.unregister(own_context, "d")
+    # And after an explicit close, the next register waits (bounded) for libzmq to release the endpoint.
+    for _ in range(50):
+        ZapService.register(own_context, "d", {})
+        ZapService.close(own_context)
+
+
+def test_a_stopped_nodes_domain_is_refused_while_another_node_keeps_the_authenticator(
+    own_context: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """The authenticator outlives a node, so removing the node's domain must close the door (fail closed)."""
+    client = KeyPair.generate()
+    a = Node(
+        "a",
+        bind=["tcp://127.0.0.1:*"],
+        security=Security(keys=KeyPair.generate(), allow={client.public: "c"}),
+        context=own_context,
+    ).start()
+    b = Node(
+        "b",
+        bind=["tcp://127.0.0.1:*"],
+        security=Security(keys=KeyPair.generate(), allow={client.public: "c"}),
+        context=own_context,
+    ).start()
+    try:
+        assert zap_status(own_context, "a", client) == b"200"
+        assert zap_status(own_context, "a", KeyPair.generate()) == b"400"
+        a.stop()
+        assert zap_status(own_context, "a", client) == b"400"  # its domain is gone
+        assert zap_status(own_context, "b", client) == b"200"  # the other node's is not
+        b.stop()
+        assert zap_status(own_context, "b", client) == b"400"  # no domain left: everything is refused
+    finally:
+        a.stop()
+        b.stop()
+
+
+# ------------------------------------------------------------------------------------ the directory
+@pytest.mark.parametrize("over", ["tcp", "ipc"])
+def test_a_directory_query_answers_only_endpoints_of_its_own_transport(
+    make_node: Callable[..., Node], ipc_dir: Path, over: str
+) -> None:
+    """Issue 18 item 7: a sys.resolve over tcp revealed the absolute ipc path of a direct actor's socket."""
+    server = make_node(
+        SRV,
+        bind=["tcp://127.0.0.1:*", f"ipc://{ipc_dir}/srv.sock"],
+        security=Security(plain_insecure_for_benchmarks=True),
+    )
+    server.spawn(DirectAuthEcho, "dauth")
+    assert server.request(f"{SRV}/dauth", Echo(), timeout=WAIT) == Echo(text="")  # its socket is bound
+    assert {e.partition(":")[0] for e in server.direct_endpoints("dauth")} == {"tcp", "ipc"}
+    endpoint = server.endpoints[0 if over == "tcp" else 1]
+    with raw_dealer(endpoint) as (sock, _):
+        sent = send_request(sock, "c1/x", f"{SRV}/node", Resolve(actor="dauth"))
+        header, answer = recv_reply(sock)
+    assert header.corr == sent and isinstance(answer, Resolved)
+    assert answer.endpoints and all(e.startswith(f"{over}://") for e in answer.endpoints), answer.endpoints
 
 
 # ------------------------------------------------------------------------------------------ key files

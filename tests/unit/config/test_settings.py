@@ -202,9 +202,9 @@ def test_capture_false_means_off() -> None:
         ("request_timeout", False, "node.request_timeout: expected a finite number of seconds"),
         ("request_timeout", float("inf"), "node.request_timeout: expected a finite number"),
         ("request_timeout", 0, "node.request_timeout: expected a finite number of seconds > 0"),
-        ("data_dir", 5, "node.data_dir: expected a path, got 5"),
-        ("data_dir", "", "node.data_dir: expected a path, got ''"),
-        ("capture", True, "node.capture: expected a path, got True"),
+        ("data_dir", 5, "node.data_dir: expected a path without '..', got 5"),
+        ("data_dir", "", "node.data_dir: expected a path without '..', got ''"),
+        ("capture", True, "node.capture: expected a path without '..', got True"),
         ("bind", "tcp://127.0.0.1:1", "node.bind: expected a list of strings, got 'tcp://"),
         ("bind", ["inproc://a", "udp://b"], "node.bind[1]: expected an endpoint starting with"),
         ("bind", ["tcp://"], "node.bind[0]: expected an endpoint starting with inproc://, ipc://"),
@@ -454,7 +454,7 @@ def test_env_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             "KBUS_NODE_CAPTURE": "n9.buslog",
             "KBUS_NODE_MAX_FRAME_BYTES": "2048",
             "KBUS_NODE_REQUEST_TIMEOUT": "2.5",
-            "KBUS_SECURITY_MODE": "plain-insecure-for-benchmarks",
+            "KBUS_SECURITY_MODE": "curve",
             "KBUS_SECURITY_SECRET_KEY_FILE": "k/n9.key_secret",
         },
     )
@@ -466,8 +466,22 @@ def test_env_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert settings.node.max_frame_bytes == 2048
     assert settings.node.request_timeout == 2.5
     assert settings.node.data_dir == tmp_path / "conf" / ".kbus"
-    assert settings.security.mode == "plain-insecure-for-benchmarks"
+    assert settings.security.mode == "curve"
     assert settings.security.secret_key_file == cwd / "k/n9.key_secret"
+
+
+def test_the_environment_alone_cannot_turn_curve_off(tmp_path: Path) -> None:
+    """Issue 18 item 5: KBUS_SECURITY_MODE switched a config that says curve to plain tcp."""
+    plain = {"KBUS_SECURITY_MODE": "plain-insecure-for-benchmarks"}
+    for text in ('[node]\nname = "n1"\n', '[node]\nname = "n1"\n[security]\nmode = "curve"\n'):
+        path = write(tmp_path, text)
+        error = load_error(path, env=plain)
+        assert error.key == "KBUS_SECURITY_MODE" and error.source == "<env>"
+        assert "only by security.mode in the config file" in str(error)
+    # Saying what the file says already is fine, and so is turning CURVE on.
+    path = write(tmp_path, '[node]\nname = "n1"\n[security]\nmode = "plain-insecure-for-benchmarks"\n')
+    assert load(path, env=plain).security.mode == "plain-insecure-for-benchmarks"
+    assert load(path, env={"KBUS_SECURITY_MODE": "curve"}).security.mode == "curve"
 
 
 def test_env_can_switch_an_optional_setting_off_and_empty_a_list(tmp_path: Path) -> None:
@@ -772,3 +786,37 @@ def test_config_imports_only_the_standard_library() -> None:
                 assert top in sys.stdlib_module_names or top in ("config", "_typeshed"), (
                     f"{module.name} imports {name}"
                 )
+
+
+# --- '..' (issue 18 item 7) ---
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('data_dir = "../elsewhere"', "node.data_dir"),
+        ('capture = "logs/../../n1.buslog"', "node.capture"),
+        ('data_dir = "/srv/kbus/../../etc"', "node.data_dir"),
+        ('bind = ["ipc://../n1.sock"]', "node.bind[0]"),
+        ('bind = ["ipc:///run/kbus/../n1.sock"]', "node.bind[0]"),
+    ],
+    ids=["data_dir", "capture", "absolute", "ipc", "absolute-ipc"],
+)
+def test_a_path_with_a_parent_step_is_refused(tmp_path: Path, text: str, key: str) -> None:
+    """Relative paths stay inside the config file's folder; no path may step up with '..'."""
+    error = load_error(write(tmp_path, f'[node]\nname = "n1"\n{text}\n'))
+    assert error.key == key
+    assert "without '..'" in error.expected
+
+
+def test_the_environment_may_not_step_up_either(tmp_path: Path) -> None:
+    error = load_error(write(tmp_path, '[node]\nname = "n1"\n'), env={"KBUS_NODE_DATA_DIR": "../x"})
+    assert error.key == "KBUS_NODE_DATA_DIR"
+
+
+def test_a_config_file_reached_through_a_parent_step_is_fine(tmp_path: Path) -> None:
+    write(tmp_path, '[node]\nname = "n1"\ndata_dir = "d"\nbind = ["ipc://n1.sock"]\n', "conf/kbus.toml")
+    (tmp_path / "other").mkdir()
+    settings = load(tmp_path / "other" / ".." / "conf" / "kbus.toml", env={})
+    assert settings.node.data_dir == tmp_path / "conf" / "d"
+    assert settings.node.bind == (f"ipc://{tmp_path}/conf/n1.sock",)
