@@ -128,9 +128,16 @@ __all__ = [
 ]
 
 # The wire table actors/nodes.py adds to the registry.
+from typing import Any
+
+from actors.conversation.gatekeeper import GATEKEEPER_MESSAGES as _GATEKEEPER
 from actors.conversation.messages import ERRORS as _ERRORS
 from actors.conversation.messages import MESSAGES as _MESSAGES
+from actors.conversation.people import PEOPLE_MESSAGES as _PEOPLE
+from actors.conversation.permissions import PERMISSION_MESSAGES as _PERMISSIONS
+from actors.conversation.types import PEOPLE_TYPES as _PEOPLE_TYPES
 from actors.conversation.types import TYPES as _TYPES
 
-CONVERSATION_MESSAGES = (*_TYPES, *_MESSAGES)
+CONVERSATION_MESSAGES: tuple[type[Any], ...] = (*_TYPES, *_MESSAGES)
+CONVERSATION_MESSAGES = (*CONVERSATION_MESSAGES, *_PEOPLE_TYPES, *_PERMISSIONS, *_PEOPLE, *_GATEKEEPER)
 CONVERSATION_ERRORS = _ERRORS

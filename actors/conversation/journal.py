@@ -18,6 +18,12 @@ transcript after the compaction, in the same line, so a crash cannot split it; f
 field existed re-append the kept messages after the boundary: CP-06), ``transcript_replaced`` {messages} and
 ``transcript_truncated`` {length} (``set_transcript`` / ``truncate_transcript``, which emit no events, TR-06).
 
+People in the loop (people.py, permissions.py; all fsync'd): ``permission`` {key, decision} (a final
+allow/deny for the call with that idempotency key, before the call is sent or its denial shown),
+``permission_asked`` {key, request, reason} (an ``ask`` before anyone is asked), ``plan_mode`` {on},
+``plan_proposed`` {plan_id, kind, plan} and ``plan_decided`` {plan_id, approved, reason}, ``todos``
+{todos, version}. ``Restored.people`` holds what they say; a compaction or a transcript change leaves it.
+
 A reader applies the records in order. A turn with a ``turn_started`` and no end record was interrupted (the
 process died): ``Restored.interrupted`` describes it, and the rebuilt transcript holds its user message,
 every call with its result, and for each call journaled without a result a tool message saying its outcome
@@ -43,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from actors.conversation.people import PeopleState
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -176,6 +183,11 @@ class Journal:
     def truncated(self, length: int) -> None:
         self.write({"type": "transcript_truncated", "length": length}, durable=True)
 
+    def people(self, record_type: str, **fields: Any) -> None:
+        """A permission, plan or todo record (see the module docstring), durable before it is acted on."""
+        assert record_type in PeopleState.RECORDS, record_type
+        self.write({"type": record_type, **fields}, durable=True)
+
     def close(self) -> None:
         self._file.close()
 
@@ -235,6 +247,7 @@ class Restored:
     boundaries: int
     conversation_id: str | None = None
     interrupted: InterruptedTurn | None = None
+    people: PeopleState = field(default_factory=PeopleState)  # permissions, plans, plan mode, todos
 
 
 def placeholders(pending: tuple[PendingCall, ...]) -> list[Message]:
@@ -265,6 +278,7 @@ def read_journal(path: Path) -> Restored:
     records = boundaries = 0
     conversation_id: str | None = None
     open_turn: _Open | None = None
+    people = PeopleState()
     lines = path.read_text(encoding="utf-8").split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -321,6 +335,8 @@ def read_journal(path: Path) -> Restored:
                 transcript = [Message.from_json(m) for m in record["messages"]]
             elif kind == "transcript_truncated":
                 del transcript[int(record["length"]) :]
+            elif kind in PeopleState.RECORDS:
+                people.apply(record)
             else:
                 log.warning("%s:%d: unknown record type %r skipped", path, n, kind)
         except (KeyError, TypeError, ValueError) as exc:
@@ -332,7 +348,7 @@ def read_journal(path: Path) -> Restored:
             open_turn.turn_index, open_turn.user_at, open_turn.steps, pending, len(transcript)
         )
         transcript.extend(placeholders(pending))
-    return Restored(tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted)
+    return Restored(tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted, people)
 
 
 def new_conversation_id() -> str:

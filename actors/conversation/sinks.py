@@ -14,10 +14,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.base import BusActor, Context
+from actors.conversation.permissions import PermissionAsked
 from actors.conversation.types import (
     CompactionBoundary,
     MessageAppended,
+    PlanProposed,
     TextDelta,
+    TodoUpdated,
     ToolCallFinished,
     ToolCallStarted,
     ToolNotice,
@@ -30,7 +33,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CallbackSink", "EventSink", "NullSink", "RemoteSink", "SinkActor"]
 
 
-EVENT_TYPES = (
+EVENT_TYPES: tuple[type[Any], ...] = (
     MessageAppended,
     TurnFinished,
     CompactionBoundary,
@@ -39,6 +42,7 @@ EVENT_TYPES = (
     ToolCallFinished,
     ToolNotice,
 )
+EVENT_TYPES = (*EVENT_TYPES, TodoUpdated, PlanProposed, PermissionAsked)  # people in the loop (issue 13)
 
 
 class EventSink(Protocol):
