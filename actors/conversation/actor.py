@@ -166,6 +166,7 @@ class ConversationActor(Gatekeeper, KernelHost):
             else:
                 journal.session(self._conversation_id)
             self._journal = journal
+        self._start_gates()  # before build() returns: the gates answer from the start
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -256,7 +257,6 @@ class ConversationActor(Gatekeeper, KernelHost):
     def on_start(self) -> None:
         super().on_start()
         self._people_started()
-        self._start_gates()
         if self._sink is not None:  # the builder's sink is the sink-holding tools' too (ES-02)
 
             def bound(reply: Reply) -> None:

@@ -98,8 +98,8 @@ def todos_from_json(rows: Any) -> tuple[TodoItem, ...]:
 
 
 class TodoWriteTool:
-    """``todo_write(todos)``: replace the whole task list. Registered with
-    ``registry.register(TodoWriteTool(), name="todo_write", rerun_safe=True)`` (``register_people_tools``)."""
+    """``todo_write(todos)``: replace the whole task list. Registered as its bound ``__call__``
+    (``register_people_tools``)."""
 
     __name__ = TODO_WRITE
 
@@ -158,9 +158,9 @@ def register_people_tools(registry: Any) -> None:
     """Register ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode`` (replacing same-named tools,
     ES-04). Each finishes at once and is safe to run again under its key; the waiting happens in the
     conversation."""
-    registry.register(TodoWriteTool(), name=TODO_WRITE, rerun_safe=True)
-    registry.register(ExitPlanModeTool(), name=EXIT_PLAN_MODE, rerun_safe=True)
-    registry.register(RequestPlanModeTool(), name=REQUEST_PLAN_MODE, rerun_safe=True)
+    registry.register(TodoWriteTool().__call__, name=TODO_WRITE, rerun_safe=True)
+    registry.register(ExitPlanModeTool().__call__, name=EXIT_PLAN_MODE, rerun_safe=True)
+    registry.register(RequestPlanModeTool().__call__, name=REQUEST_PLAN_MODE, rerun_safe=True)
 
 
 # ------------------------------------------------------------------------------ journaled state
