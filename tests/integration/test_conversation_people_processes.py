@@ -65,7 +65,7 @@ def test_a_plan_is_approved_from_another_process_while_the_turn_waits(
     assert not future.done()
     assert rt.plan_approval_gate().approve() is True
     assert future.result(WAIT).final_text == "approved, going on"
-    assert json.loads([m for m in rt.transcript() if m.role == "tool"][0].content) == {"approved": True}
+    assert json.loads(next(m for m in rt.transcript() if m.role == "tool").content) == {"approved": True}
     assert rt.plan_mode() is False
 
 

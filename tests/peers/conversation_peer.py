@@ -1,8 +1,9 @@
 """A conversation in its own process: a node with a Router (scripted provider), a ToolHostActor and a
 ConversationActor at ``<name>/chat``.
 
-Tools: ``add(a, b)`` and ``hold(key)`` (plus the people tools with ``--people``), which prints ``TOOL_ENTERED <key>`` and blocks until the test writes
-``RELEASE <key>`` to this process's stdin. Prints ``READY {"endpoints": [...], "address": ...}`` once bound;
+Tools: ``add(a, b)`` and ``hold(key)``, which prints ``TOOL_ENTERED <key>`` and blocks until the test writes
+``RELEASE <key>`` to this process's stdin; with ``--people`` also the people tools (``--plan-mode``: start in
+plan mode). Prints ``READY {"endpoints": [...], "address": ...}`` once bound;
 serves until SIGTERM or stdin closes.
 """
 
