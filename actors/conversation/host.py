@@ -61,7 +61,7 @@ class ToolHostActor(BusActor):
                     ctx,
                     key,
                     f"tool {name[:80]!r}",
-                    lambda: registry.execute(name, arguments, key=key),
+                    lambda: registry.execute(name, arguments, call_key=key),
                     rerun_safe=registry.is_rerun_safe(name),
                 )
             case ListTools():

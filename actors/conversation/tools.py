@@ -265,8 +265,9 @@ class ToolRegistry:
     def mutating_names(self) -> tuple[str, ...]:
         return tuple(n for n, t in self._tools.items() if t.mutating)
 
-    def execute(self, name: str, arguments: Mapping[str, Any] | None, *, key: str = "") -> ToolExecution:
-        """Run one call. Never raises for the tool's sake: every failure is ``ok=False`` with its reason."""
+    def execute(self, name: str, arguments: Mapping[str, Any] | None, *, call_key: str = "") -> ToolExecution:
+        """Run one call. Never raises for the tool's sake: every failure is ``ok=False`` with its reason.
+        ``call_key`` (the call's idempotency key) is passed to a tool with a ``call_key`` parameter."""
         tool = self._tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
@@ -285,7 +286,7 @@ class ToolRegistry:
         if tool.wants_sink:
             args[SINK_PARAMETER] = self._sink
         if tool.wants_key:
-            args[KEY_PARAMETER] = key
+            args[KEY_PARAMETER] = call_key
         try:
             value = tool.fn(**args)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is its result, never the host's death

@@ -340,6 +340,9 @@ def test_pg08_a_decision_with_nothing_pending_changes_nothing(env: People) -> No
     assert not future.done() and rt.plan_approval_gate().pending_plan() is not None
     assert rt.confirm_plan() is True
     assert rt.reject_plan("late") is False
+    plan_id = env.sink.of(PlanProposed)[0].plan_id  # the proposing call's idempotency key
+    assert plan_id.endswith(":p1")
+    assert rt.plan_approval_gate().reject("late", plan_id=plan_id) is False  # by its id: decided already
     future.result(WAIT)
     assert results(rt)[0].content == json.dumps({"approved": True})
     assert all("late" not in m.content for m in rt.transcript())
