@@ -131,6 +131,7 @@ __all__ = [
 from typing import Any
 
 from actors.conversation.gatekeeper import GATEKEEPER_MESSAGES as _GATEKEEPER
+from actors.conversation.hooks import HOOK_MESSAGES as _HOOKS
 from actors.conversation.messages import ERRORS as _ERRORS
 from actors.conversation.messages import MESSAGES as _MESSAGES
 from actors.conversation.people import PEOPLE_MESSAGES as _PEOPLE
@@ -139,5 +140,12 @@ from actors.conversation.types import PEOPLE_TYPES as _PEOPLE_TYPES
 from actors.conversation.types import TYPES as _TYPES
 
 CONVERSATION_MESSAGES: tuple[type[Any], ...] = (*_TYPES, *_MESSAGES)
-CONVERSATION_MESSAGES = (*CONVERSATION_MESSAGES, *_PEOPLE_TYPES, *_PERMISSIONS, *_PEOPLE, *_GATEKEEPER)
+CONVERSATION_MESSAGES = (
+    *CONVERSATION_MESSAGES,
+    *_PEOPLE_TYPES,
+    *_PERMISSIONS,
+    *_PEOPLE,
+    *_GATEKEEPER,
+    *_HOOKS,
+)
 CONVERSATION_ERRORS = _ERRORS

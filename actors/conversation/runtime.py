@@ -19,6 +19,13 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.conversation.gatekeeper import GetKernel, GetTodos, KernelInfo, SetPlanMode
+from actors.conversation.hooks import (
+    GetHookStats,
+    HookForwarderActor,
+    HookStats,
+    SdkHookForwarder,
+    SetSdkHookForwarder,
+)
 from actors.conversation.journal import Sync
 from actors.conversation.messages import (
     CloseSession,
@@ -321,6 +328,31 @@ class ConversationRuntime:
             address = f"{self.node.name}/{name}"
         message = SetPermissionHook(address=address, timeout=hook_timeout, fail_open=fail_open)
         self._call(message, timeout, _none)
+
+    def set_sdk_hook_forwarder(
+        self,
+        forwarder: SdkHookForwarder | str | None,
+        *,
+        callback_timeout: float = 30.0,
+        timeout: float | None = None,
+    ) -> None:
+        """Send later hook events (PreToolUse, PostToolUse, UserPromptSubmit, Stop, SessionEnd) to
+        ``forwarder`` as ``hook_callback`` requests (hooks.py; PH-04), each bounded by ``callback_timeout``:
+        an object with ``forward(hook_event, payload)`` (served by a ``HookForwarderActor`` this facade
+        starts) or the address of one in any process. ``None`` removes it."""
+        address: str | None
+        if forwarder is None or isinstance(forwarder, str):
+            address = forwarder
+        else:
+            name = f"hook-forwarder.{uuid.uuid4().hex[:12]}"
+            self.node.spawn(HookForwarderActor, name, forwarder=forwarder)
+            self._owned.append((self.node, name))
+            address = f"{self.node.name}/{name}"
+        self._call(SetSdkHookForwarder(address=address, timeout=callback_timeout), timeout, _none)
+
+    def hook_stats(self, *, timeout: float | None = None) -> HookStats:
+        """How many hook callbacks were sent, and how many failed (timed out, raised, unreachable)."""
+        return self._call(GetHookStats(), timeout)  # type: ignore[no-any-return]
 
     def pending_permissions(self, *, timeout: float | None = None) -> tuple[PermissionRequest, ...]:
         """The calls waiting for a person (``ask``), each with its key (answered at once, mid-turn too)."""

@@ -492,3 +492,109 @@ def test_cv08_kernel_is_the_same_on_every_call(env: People) -> None:
 def test_todo_items_are_values() -> None:
     item = TodoItem(content="x", status="pending")
     assert item.to_json() == {"content": "x", "status": "pending", "active_form": ""}
+
+
+# ------------------------------------------------------------------------- PH-04: hook forwarder
+
+
+class Forwarder:
+    """An SDK hook forwarder that records (event, payload) and answers from ``answer``."""
+
+    def __init__(self, answer: Callable[[str, dict[str, Any]], Any] = lambda e, p: {}) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.answer = answer
+
+    def forward(self, hook_event: str, payload: dict[str, Any]) -> Any:
+        self.calls.append((hook_event, payload))
+        return self.answer(hook_event, payload)
+
+
+def test_ph04_hook_events_reach_the_forwarder_and_none_removes_it(env: People) -> None:
+    """PH-04: with f installed, the turn's hook events and SessionEnd reach f as hook_callback requests
+    (callback id, input, tool-use id); after set_sdk_hook_forwarder(None) no more calls."""
+    rt = env.build()
+    f = Forwarder()
+    rt.set_sdk_hook_forwarder(f)
+    env.script(call("record", "c1", a=1), text("ok"))
+    rt.run("go")
+    rt.close()
+    events = [e for e, _ in f.calls]
+    assert events == ["UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop", "SessionEnd"]
+    pre = f.calls[1][1]
+    assert pre["callback_id"] == "hook_0" and pre["tool_use_id"] == "c1"
+    assert pre["input"]["tool_name"] == "record" and pre["input"]["tool_input"] == {"a": 1}
+    assert f.calls[2][1]["input"]["tool_response"] == "recorded 1 0"
+    rt2 = env.build()
+    g = Forwarder()
+    rt2.set_sdk_hook_forwarder(g)
+    rt2.set_sdk_hook_forwarder(None)
+    env.script(call("record", "c2", a=2), text("ok"))
+    rt2.run("go")
+    rt2.close()
+    assert g.calls == []
+
+
+def test_a_pre_tool_use_forwarder_blocks_or_changes_the_input(env: People) -> None:
+    """PreToolUse may block (the call never runs, the model sees the reason) or change the input (merged;
+    the permission hook sees the merged input); PostToolUse's additionalContext reaches the model."""
+
+    def answer(event: str, payload: dict[str, Any]) -> Any:
+        if event == "PreToolUse" and payload["input"]["tool_input"]["a"] == 1:
+            return {"decision": "block", "reason": "one is blocked"}
+        if event == "PreToolUse":
+            return {"hookSpecificOutput": {"permissionDecision": "allow", "updatedInput": {"b": 9}}}
+        if event == "PostToolUse":
+            return {"hookSpecificOutput": {"additionalContext": "checked by the hook"}}
+        return {}
+
+    rt = env.build()
+    rt.set_sdk_hook_forwarder(Forwarder(answer))
+    hook = Hook(env, lambda r: PermissionDecision.allow())
+    rt.set_permission_hook(hook)
+    env.script(call("record", "c1", a=1), call("record", "c2", a=2, b=0), text("ok"))
+    rt.run("go")
+    blocked, changed = results(rt)
+    assert blocked == Message.tool("c1", "Permission denied: one is blocked", is_error=True)
+    assert env.ran == [{"a": 2, "b": 9}]
+    assert hook.requests[-1].arguments == {"a": 2, "b": 9}
+    assert changed.content == "recorded 2 9\n\n[hook context] checked by the hook"
+
+
+def test_a_failing_forwarder_denies_pre_tool_use_and_never_ends_the_turn(env: People) -> None:
+    """A PreToolUse forwarder that raises denies the call (fail closed); failures of the other events are
+    logged and counted, and the turn finishes."""
+
+    def answer(event: str, payload: dict[str, Any]) -> Any:
+        raise RuntimeError(f"{event} broke")
+
+    rt = env.build()
+    rt.set_sdk_hook_forwarder(Forwarder(answer))
+    env.script(call("record", "c1", a=1), text("still finished"))
+    outcome = rt.run("go")
+    assert outcome.final_text == "still finished" and env.ran == []
+    (denied,) = results(rt)
+    assert denied.is_error and "PreToolUse broke" in denied.content and "fail closed" in denied.content
+    stats = rt.hook_stats()
+    assert stats.failures == stats.forwarded == 3  # UserPromptSubmit, PreToolUse, Stop
+
+
+def test_a_forwarder_callback_that_times_out_is_denied_and_cancelled(env: People) -> None:
+    """Each callback has a timeout: a PreToolUse that does not answer in time denies the call, and the
+    forwarder's pending future is cancelled (control_cancel_request)."""
+    pending: list[concurrent.futures.Future[Any]] = []
+    cancelled = threading.Event()
+
+    def answer(event: str, payload: dict[str, Any]) -> Any:
+        if event != "PreToolUse":
+            return {}
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.add_done_callback(lambda f: cancelled.set() if f.cancelled() else None)
+        pending.append(future)
+        return future
+
+    rt = env.build()
+    rt.set_sdk_hook_forwarder(Forwarder(answer), callback_timeout=0.3)
+    env.script(call("record", "c1", a=1), text("ok"))
+    rt.run("go")
+    assert env.ran == [] and "did not answer PreToolUse within 0.3s" in results(rt)[0].content
+    assert cancelled.wait(WAIT) and pending[0].cancelled()
