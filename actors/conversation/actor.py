@@ -430,6 +430,7 @@ class ConversationActor(Gatekeeper, KernelHost):
             return
         self._closed = True
         event = SessionEnd(session_id=self._session_id, last_outcome=last)
+        self._forward("SessionEnd", {"hook_event_name": "SessionEnd", "session_id": self._session_id}, None)
         hooks = self.config.hooks
         self._log(logging.INFO, "session end (%d hook(s))", len(hooks))
         if not hooks:
@@ -485,6 +486,7 @@ class ConversationActor(Gatekeeper, KernelHost):
         self._write("the user message", lambda j: j.turn_started(index, user_at, user))  # before any effect
         self._turn_index += 1  # CV-05: a turn counts once started
         self._transcript.append(user)  # CV-01 (its event follows the turn, CV-09)
+        self._forward("UserPromptSubmit", {"hook_event_name": "UserPromptSubmit", "prompt": text}, None)
         self._log(
             logging.INFO,
             "turn %d started (model %s)",
@@ -721,6 +723,8 @@ class ConversationActor(Gatekeeper, KernelHost):
             if error is not None:  # CV-11: logged, never discards the outcome
                 self._log(logging.WARNING, "cross-turn compaction failed: %r", error)
             self._emit(TurnFinished(turn_index=run.turn_index, finish_reason=run.finish, usage=usage))
+            stop = {"hook_event_name": "Stop", "turn_index": run.turn_index, "finish_reason": str(run.finish)}
+            self._forward("Stop", stop, None)
             self._log(
                 logging.INFO,
                 "turn %d finished: %s",

@@ -23,6 +23,17 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.base import Context
+from actors.conversation.hooks import (
+    HOOK_EVENTS,
+    CancelHookCallback,
+    GetHookStats,
+    HookCallback,
+    HookOutput,
+    HookStats,
+    SetSdkHookForwarder,
+    additional_context,
+    pre_tool_decision,
+)
 from actors.conversation.journal import Journal, PendingCall
 from actors.conversation.messages import ConversationError
 from actors.conversation.people import (
@@ -50,6 +61,7 @@ from actors.conversation.permissions import (
     PermissionDecision,
     PermissionRequest,
     SetPermissionHook,
+    merge_input,
 )
 from actors.conversation.tools import ToolExecution
 from actors.conversation.types import Message, TodoItem
@@ -123,6 +135,7 @@ class Gatekeeper:
 
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
         def ask(self, dst: str, message: Any, then: Callable[[Reply], None], **kwargs: Any) -> bytes: ...
+        def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes: ...
         def _emit(self, event: Any) -> None: ...
         def _append(self, message: Message) -> None: ...
 
@@ -137,6 +150,11 @@ class Gatekeeper:
         self._ask_waiters: dict[str, Callable[[PermissionDecision], None]] = {}
         self._plan_waiters: dict[str, Callable[[ToolExecution], None]] = {}
         self._rejections: list[str] = []
+        self._forwarder: str | None = None  # the SDK hook forwarder actor (hooks.py)
+        self._forward_timeout = 30.0
+        self._hook_seq = 0
+        self._hooks_forwarded = 0
+        self._hook_failures = 0
 
     def _people_started(self) -> None:
         if self.config.plan_mode and self._journal is not None and self._people.plan_mode:
@@ -148,9 +166,14 @@ class Gatekeeper:
 
     # ------------------------------------------------------------------------- the permission layer
     def _permit(
-        self, pending: PendingCall, arguments: dict[str, Any], then: Callable[[PermissionDecision], None]
+        self,
+        pending: PendingCall,
+        arguments: dict[str, Any],
+        then: Callable[[PermissionDecision], None],
+        pre: dict[str, Any] | None = None,
     ) -> None:
-        """Decide ``pending`` (journaled), then ``then(decision)``: allow or deny, never ask."""
+        """Decide ``pending`` (journaled), then ``then(decision)``: allow or deny, never ask. ``pre``: the
+        input changes a ``PreToolUse`` forwarder made (None: it has not been asked yet)."""
         key = pending.key
         people = self._people
         known = people.decisions.get(key)
@@ -184,16 +207,39 @@ class Gatekeeper:
             )
             self._final(key, PermissionDecision.deny(reason), then)
             return
-        request = PermissionRequest(
-            key=key,
-            call_id=pending.call_id,
-            tool_name=pending.name,
-            arguments=arguments,
-            session_id=self._session_id,
-            mutating=mutating,
-        )
+        if pre is None and self._forwarder is not None:  # PreToolUse: before the permission hook
+            tool_input = {
+                "hook_event_name": "PreToolUse",
+                "tool_name": pending.name,
+                "tool_input": arguments,
+                "session_id": self._session_id,
+            }
+
+            def pre_answered(response: dict[str, Any] | None, error: str | None) -> None:
+                if error is not None:  # fail closed
+                    self._final(key, PermissionDecision.deny(error + "; denied (fail closed)"), then)
+                    return
+                decision = pre_tool_decision(response or {})
+                if decision is not None and decision.behavior == "deny":
+                    self._final(key, decision, then)
+                    return
+                updates = dict(decision.updated_input or {}) if decision is not None else {}
+                merged = merge_input(arguments, updates)
+                if decision is not None and decision.behavior == "ask":
+                    self._asked(self._request(pending, merged, mutating), decision.reason, then)
+                    return
+                self._permit(pending, merged, then, updates)
+
+            self._forward("PreToolUse", tool_input, pending.call_id, pre_answered)
+            return
+        request = self._request(pending, arguments, mutating)
+        pre = pre or {}
         if self._hook is None:
-            then(PermissionDecision.allow())  # no hook, no plan-mode denial: nothing to journal
+            # no hook, no plan-mode denial: nothing to journal unless a forwarder changed the input
+            if pre:
+                self._final(key, PermissionDecision.allow(pre), then)
+            else:
+                then(PermissionDecision.allow())
             return
         hook, timeout, fail_open = self._hook, self._hook_timeout, self._hook_fail_open
 
@@ -203,6 +249,8 @@ class Gatekeeper:
                 if decision.behavior == "ask":
                     self._asked(request, decision.reason, then)
                     return
+                if decision.behavior == "allow" and pre:
+                    decision = PermissionDecision.allow({**pre, **(decision.updated_input or {})})
                 self._final(key, decision, then)
                 return
             if error is None:
@@ -215,11 +263,69 @@ class Gatekeeper:
                 why = f"the permission hook failed: {error}"
             log.warning("%s: %s (call %s)", self.address, why, key)
             if fail_open:
-                self._final(key, PermissionDecision.allow(), then)
+                self._final(key, PermissionDecision.allow(pre or None), then)
             else:
                 self._final(key, PermissionDecision.deny(why + "; denied (fail closed)"), then)
 
         self.ask(hook, CheckPermission(request=request), checked, timeout=timeout)
+
+    def _request(self, pending: PendingCall, arguments: dict[str, Any], mutating: bool) -> PermissionRequest:
+        return PermissionRequest(
+            key=pending.key,
+            call_id=pending.call_id,
+            tool_name=pending.name,
+            arguments=arguments,
+            session_id=self._session_id,
+            mutating=mutating,
+        )
+
+    def _forward(
+        self,
+        event: str,
+        hook_input: dict[str, Any],
+        tool_use_id: str | None,
+        then: Callable[[dict[str, Any] | None, str | None], None] | None = None,
+    ) -> None:
+        """One hook callback to the SDK hook forwarder (hooks.py); ``then(response, error)``: a failure is
+        logged and counted, and its text given to ``then``."""
+        address = self._forwarder
+        if address is None:
+            if then is not None:
+                then(None, None)
+            return
+        self._hook_seq += 1
+        request_id = f"{self.address}:hook:{self._hook_seq}"
+        timeout = self._forward_timeout
+        self._hooks_forwarded += 1
+        callback = HookCallback(
+            request_id=request_id,
+            callback_id=f"hook_{HOOK_EVENTS.index(event)}",
+            hook_event=event,
+            input=hook_input,
+            tool_use_id=tool_use_id,
+        )
+
+        def answered(reply: Reply) -> None:
+            error, message = reply.error, reply.message
+            if error is None and isinstance(message, HookOutput):
+                if then is not None:
+                    then(dict(message.response), None)
+                return
+            if isinstance(error, Expired):
+                why = f"the hook forwarder did not answer {event} within {timeout:g}s"
+                self.tell_to(address, CancelHookCallback(request_id=request_id))
+            elif isinstance(error, NotDelivered):
+                why = f"the hook forwarder cannot be reached ({error.message})"
+            elif error is None:
+                why = f"the hook forwarder answered {type(message).__name__} to {event}"
+            else:
+                why = f"the hook forwarder failed on {event}: {error}"
+            self._hook_failures += 1
+            log.warning("%s: %s", self.address, why)
+            if then is not None:
+                then(None, why)
+
+        self.ask(address, callback, answered, timeout=timeout)
 
     def _final(
         self, key: str, decision: PermissionDecision, then: Callable[[PermissionDecision], None]
@@ -278,8 +384,9 @@ class Gatekeeper:
     def _answer_ask(self, m: AnswerPermission) -> bool:
         if m.key not in self._people.asks:
             return False  # nothing waits under that key, or it was decided already
-        if m.allow:
-            decision = PermissionDecision.allow(m.updated_input)
+        if m.allow:  # the arguments the person saw (merged by a PreToolUse forwarder), then their changes
+            request, _ = self._people.asks[m.key]
+            decision = PermissionDecision.allow(merge_input(request.arguments, m.updated_input))
         else:
             decision = PermissionDecision.deny(m.reason or "a person denied it")
         waiter = self._ask_waiters.pop(m.key, None)
@@ -297,6 +404,33 @@ class Gatekeeper:
 
     # ------------------------------------------------------------------------ plans and todos
     def _after_tool(
+        self, pending: PendingCall, result: ToolExecution, then: Callable[[ToolExecution], None]
+    ) -> None:
+        """PostToolUse (its additionalContext joins the result), then the people tools' own handling."""
+        if self._forwarder is None:
+            self._people_after(pending, result, then)
+            return
+        hook_input = {
+            "hook_event_name": "PostToolUse",
+            "tool_name": pending.name,
+            "tool_input": json.loads(pending.arguments),
+            "tool_response": result.text,
+            "session_id": self._session_id,
+        }
+
+        def post(response: dict[str, Any] | None, error: str | None) -> None:
+            context = additional_context(response) if response else None
+            if context:
+                result2 = ToolExecution(
+                    ok=result.ok, text=f"{result.text}\n\n[hook context] {context}", unknown=result.unknown
+                )
+                self._people_after(pending, result2, then)
+            else:
+                self._people_after(pending, result, then)
+
+        self._forward("PostToolUse", hook_input, pending.call_id, post)
+
+    def _people_after(
         self, pending: PendingCall, result: ToolExecution, then: Callable[[ToolExecution], None]
     ) -> None:
         """A people tool's result: wait for a person (plans), or journal the list (todos)."""
@@ -417,6 +551,8 @@ class Gatekeeper:
             case GetTodos():
                 p = self._people
                 return TodoList(todos=p.todos, version=p.todo_version, plan_mode=p.plan_mode)
+            case GetHookStats():
+                return HookStats(forwarded=self._hooks_forwarded, failures=self._hook_failures)
             case GetKernel():
                 return KernelInfo(
                     address=self.address, host=self.config.host, model=getattr(self, "_model", "")
@@ -428,6 +564,9 @@ class Gatekeeper:
         match message:
             case SetPermissionHook(address=address, timeout=timeout, fail_open=fail_open):
                 self._hook, self._hook_timeout, self._hook_fail_open = address, timeout, fail_open
+                return True
+            case SetSdkHookForwarder(address=address, timeout=timeout):
+                self._forwarder, self._forward_timeout = address, timeout
                 return True
             case SetPlanMode(on=on):
                 self._write("plan mode", lambda j: j.people("plan_mode", on=on))
@@ -442,6 +581,5 @@ class Gatekeeper:
         return False
 
 
-PEOPLE_COMMANDS = (SetPermissionHook, SetPlanMode)
-PEOPLE_QUERIES = (AnswerPermission, GetPendingPermissions, GatePending, GateDecide, GetTodos, GetKernel)
+PEOPLE_COMMANDS = (SetPermissionHook, SetPlanMode, SetSdkHookForwarder)
 GATEKEEPER_MESSAGES = (SetPlanMode, GetTodos, TodoList, GetKernel, KernelInfo)
