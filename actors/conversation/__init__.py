@@ -61,7 +61,18 @@ compacted) and ``TurnFinished``. A tool with a ``sink`` parameter emits ``ToolNo
 it was bound to. Interrupt: ``token = CancellationToken(); rt.set_interrupt_token(token)``, then
 ``token.cancel()`` from any thread; the turn ends ``FinishReason.CANCELLED`` after the current step.
 
-Models that call tools over and over (the 135M ``local`` model): give the Router catalog entry
+People in the loop (issue 13; permissions.py, people.py, gatekeeper.py, hooks.py): ``.people_tools()``
+registers ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode``; ``.plan_mode()`` starts in plan mode
+(mutating tools denied by the permission layer); ``.ask_timeout(s)`` bounds a person's decision.
+``set_permission_hook(hook | address)`` (fail closed), ``pending_permissions()``, ``answer_permission(key,
+allow)``, ``set_plan_mode(on)``, ``plan_mode()``, ``plan_approval_gate()`` / ``plan_mode_request_gate()``
+(gate actors at ``<conversation>.plan_gate`` / ``.plan_mode_gate``), ``confirm_plan()``, ``reject_plan(r)``,
+``approve_plan_mode_request()``, ``reject_plan_mode_request(r)``, ``current_todos()``,
+``set_sdk_hook_forwarder(f | address | None)``, ``hook_stats()`` and ``kernel()`` (CV-08: a ``KernelInfo``
+naming the conversation actor whose ``KernelHost`` runs the turns). Events: ``TodoUpdated``,
+``PlanProposed`` (on the sink the tools are bound to, ES-02) and ``PermissionAsked``.
+
+Models that call tools over and overModels that call tools over and over (the 135M ``local`` model): give the Router catalog entry
 ``tool_choice_after_call = "none"`` (actors/router/catalog.py) and keep ``max_steps`` small.
 """
 
