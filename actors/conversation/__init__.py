@@ -72,7 +72,7 @@ allow)``, ``set_plan_mode(on)``, ``plan_mode()``, ``plan_approval_gate()`` / ``p
 naming the conversation actor whose ``KernelHost`` runs the turns). Events: ``TodoUpdated``,
 ``PlanProposed`` (on the sink the tools are bound to, ES-02) and ``PermissionAsked``.
 
-Models that call tools over and overModels that call tools over and over (the 135M ``local`` model): give the Router catalog entry
+Models that call tools over and over (the 135M ``local`` model): give the Router catalog entry
 ``tool_choice_after_call = "none"`` (actors/router/catalog.py) and keep ``max_steps`` small.
 """
 
