@@ -512,7 +512,7 @@ class ConversationActor(Gatekeeper, KernelHost):
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
             if isinstance(reply.message, ToolList):
-                self._mutating = frozenset(reply.message.mutating)
+                self._tools_listed(reply.message.mutating, {spec.name for spec in specs})
             run = KernelRun(
                 "turn",
                 "",
@@ -600,7 +600,7 @@ class ConversationActor(Gatekeeper, KernelHost):
                     self.config.host,
                     ExecuteTool(name=call.name, arguments=arguments, idempotency_key=call.key),
                     executed,
-                    timeout=self.config.tool_timeout + self._people_wait(),
+                    timeout=self.config.tool_timeout,
                 )
 
             self._permit(call, json.loads(call.arguments), permitted)
@@ -622,7 +622,7 @@ class ConversationActor(Gatekeeper, KernelHost):
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
             if isinstance(reply.message, ToolList):
-                self._mutating = frozenset(reply.message.mutating)
+                self._tools_listed(reply.message.mutating, {spec.name for spec in specs})
             run = KernelRun(
                 "turn",
                 "",

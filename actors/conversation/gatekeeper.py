@@ -147,6 +147,7 @@ class Gatekeeper:
         self._hook_timeout: float = self.config.permission_timeout
         self._hook_fail_open = False
         self._mutating: frozenset[str] | None = None
+        self._plan_tools = False  # the host has exit_plan_mode / request_plan_mode (a call may wait)
         self._ask_waiters: dict[str, Callable[[PermissionDecision], None]] = {}
         self._plan_waiters: dict[str, Callable[[ToolExecution], None]] = {}
         self._rejections: list[str] = []
@@ -161,8 +162,23 @@ class Gatekeeper:
             self._write("plan mode", lambda j: j.people("plan_mode", on=True))
 
     def _people_wait(self) -> float:
-        """How much longer a host call of a turn may take because a person is asked."""
-        return float(self.config.ask_timeout) + self._hook_timeout
+        """How much longer a host call of a turn may take because a person may be asked (or a hook or a
+        forwarder consulted): nothing when none of them is in play, so the session loop's own bound on a
+        host call stays as it was."""
+        wait = 0.0
+        if self._hook is not None:
+            wait += self._hook_timeout
+        if self._forwarder is not None:
+            wait += 2 * self._forward_timeout  # PreToolUse and PostToolUse
+        asks = self._hook is not None or self._forwarder is not None or bool(self._people.asks)
+        if asks or self._plan_tools:
+            wait += float(self.config.ask_timeout)
+        return wait
+
+    def _tools_listed(self, mutating: tuple[str, ...], names: set[str]) -> None:
+        """The tool host's list (at the start of a turn or a continuation)."""
+        self._mutating = frozenset(mutating)
+        self._plan_tools = bool(names & {EXIT_PLAN_MODE, REQUEST_PLAN_MODE})
 
     # ------------------------------------------------------------------------- the permission layer
     def _permit(
