@@ -58,6 +58,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from actors import people_cli
 from actors.builtin_tools import builtin_tools, register_workspace_tools
 
 DEMO_PROMPT: Final = (
@@ -290,6 +291,11 @@ class TurnPrinter:
                 if line is not None:  # goal, wakeup and job events: status lines, on stderr
                     self.newline()
                     self.note(line, "35")
+                else:
+                    self.other(event)  # plans, permission asks, todos (people_cli.py)
+
+    def other(self, event: Any) -> None:
+        pass
 
     def _clip(self, text: str) -> str:
         if len(text) > self.SHOWN_CHARS:
@@ -480,6 +486,7 @@ class Agent:
         self.last_interrupt = -math.inf  # when Ctrl-C was last pressed (two within QUIT_WINDOW quit)
         self.key_clock: Callable[[], float] = time.monotonic
         self.wakeup_slot: Any = None
+        self.on_poll: Callable[[], None] = lambda: None  # between polls of a running turn (people_cli.py)
 
     def _new_operation(self) -> uuid.UUID:
         op = uuid.uuid4()
@@ -540,10 +547,12 @@ class Agent:
         )
         if self.args.session:
             builder = builder.session_file(self.args.session)
+        builder = people_cli.configure_builder(builder, self.args)
         try:
             self.runtime = builder.build()
         except (OSError, ValueError) as exc:
             raise CliError(f"cannot start the conversation: {exc}") from None
+        people_cli.install(self)
         if self.args.session:
             restored = len(self.runtime.transcript())
             if restored:
@@ -703,6 +712,7 @@ class Agent:
                     outcome = future.result(timeout=0.2)
                     break
                 except TimeoutError:
+                    self.on_poll()  # a plan to approve, a call to allow: asked here, on the main thread
                     if self.clock() >= deadline and not token.is_cancelled():  # never left running on
                         self.progress.stop()
                         token.cancel()
@@ -974,6 +984,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_turns < 1:
         print(f"kbus run: --max-turns must be at least 1, not {args.max_turns}", file=sys.stderr)
         return 2
+    args.interactive = sys.stdin.isatty()  # without a terminal an ask is denied, a plan rejected
     try:
         prompt = read_prompt(args, sys.stdin)
         check_prompt_size(prompt)  # before anything starts
@@ -1062,6 +1073,8 @@ CHAT_HELP = """commands:
   /loop PROMPT  run PROMPT, then again each time the model calls schedule_wakeup
   /checkpoints  list this session's checkpoints (with --checkpoints)
   /restore ID   restore the working tree to checkpoint ID; the model is told what changed
+  /todos        the current todo list
+  /plan on|off  turn plan mode on or off (mutating tools are denied while it is on)
   /help         this list
   /quit         leave (Ctrl-D too); Ctrl-C interrupts a running turn"""
 
@@ -1071,6 +1084,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     if sys.stdin.isatty():
         import readline  # noqa: F401 - input() gets line editing and history once it is imported
+    args.interactive = True  # chat reads its input lines: plans and asks are asked there too
 
     try:
         with _agent(args) as agent:
@@ -1149,6 +1163,13 @@ def _repl(agent: Agent) -> None:
                     print(f"nothing to compact yet ({before} messages)", flush=True)
                 else:
                     print(f"compacted: {before} messages -> {after}", flush=True)
+            elif command == "/todos":
+                from actors.conversation.people import render_todos
+
+                print(render_todos(agent.runtime.current_todos()), flush=True)
+            elif command == "/plan" and rest in ("on", "off"):
+                agent.runtime.set_plan_mode(rest == "on")
+                print(f"plan mode {rest}", flush=True)
             elif command in ("/checkpoints", "/restore"):
                 _checkpoint_command(agent, command, rest)
             elif command in ("/goal", "/loop"):
@@ -1319,6 +1340,7 @@ def add_parsers(sub: Any) -> None:
             "--name",
             help="with --connect: this client's node name (default: the --key file's name, or kbus-run-PID)",
         )
+        people_cli.add_people_arguments(p)
 
     p = sub.add_parser("run", help="one agent turn: answer PROMPT (streamed), with tools, through the bus")
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")

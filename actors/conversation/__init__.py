@@ -82,6 +82,17 @@ undelivered job completions:
   the output's last ``output_cap`` bytes injected. Events ``JobStarted``, ``JobFinished``. ``close()`` ends
   the jobs' process groups.
 
+People in the loop (issue 13; permissions.py, people.py, gatekeeper.py, hooks.py): ``.people_tools()``
+registers ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode``; ``.plan_mode()`` starts in plan mode
+(mutating tools denied by the permission layer); ``.ask_timeout(s)`` bounds a person's decision.
+``set_permission_hook(hook | address)`` (fail closed), ``pending_permissions()``, ``answer_permission(key,
+allow)``, ``set_plan_mode(on)``, ``plan_mode()``, ``plan_approval_gate()`` / ``plan_mode_request_gate()``
+(gate actors at ``<conversation>.plan_gate`` / ``.plan_mode_gate``), ``confirm_plan()``, ``reject_plan(r)``,
+``approve_plan_mode_request()``, ``reject_plan_mode_request(r)``, ``current_todos()``,
+``set_sdk_hook_forwarder(f | address | None)``, ``hook_stats()`` and ``kernel()`` (CV-08: a ``KernelInfo``
+naming the conversation actor whose ``KernelHost`` runs the turns). Events: ``TodoUpdated``,
+``PlanProposed`` (on the sink the tools are bound to, ES-02) and ``PermissionAsked``.
+
 Models that call tools over and over (the 135M ``local`` model): give the Router catalog entry
 ``tool_choice_after_call = "none"`` (actors/router/catalog.py) and keep ``max_steps`` small.
 """
@@ -193,9 +204,24 @@ __all__ = [
 ]
 
 # The wire table actors/nodes.py adds to the registry.
+from typing import Any
+
+from actors.conversation.gatekeeper import GATEKEEPER_MESSAGES as _GATEKEEPER
+from actors.conversation.hooks import HOOK_MESSAGES as _HOOKS
 from actors.conversation.messages import ERRORS as _ERRORS
 from actors.conversation.messages import MESSAGES as _MESSAGES
+from actors.conversation.people import PEOPLE_MESSAGES as _PEOPLE
+from actors.conversation.permissions import PERMISSION_MESSAGES as _PERMISSIONS
+from actors.conversation.types import PEOPLE_TYPES as _PEOPLE_TYPES
 from actors.conversation.types import TYPES as _TYPES
 
-CONVERSATION_MESSAGES = (*_TYPES, *_MESSAGES)
+CONVERSATION_MESSAGES: tuple[type[Any], ...] = (*_TYPES, *_MESSAGES)
+CONVERSATION_MESSAGES = (
+    *CONVERSATION_MESSAGES,
+    *_PEOPLE_TYPES,
+    *_PERMISSIONS,
+    *_PEOPLE,
+    *_GATEKEEPER,
+    *_HOOKS,
+)
 CONVERSATION_ERRORS = _ERRORS

@@ -28,6 +28,7 @@ import pykka
 
 from actors.base import DEFER, Context
 from actors.conversation import compaction
+from actors.conversation.gatekeeper import NOT_MINE, PEOPLE_COMMANDS, Gatekeeper
 from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
@@ -82,6 +83,8 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
+from actors.conversation.people import GateActor
+from actors.conversation.permissions import denial_text, merge_input
 from actors.conversation.shadow import RestoreReport
 from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
 from actors.conversation.types import (
@@ -146,7 +149,7 @@ CONVERSATION_TRANSCRIPT_COMMANDS = (
 )
 
 
-class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
+class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
     def __init__(self, node: Node, address: str, *, config: ConversationConfig) -> None:
         super().__init__(node, address, config=config)
         self._model = config.model
@@ -163,6 +166,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
         self._cancelled: set[str] = set()
         self._interrupted: InterruptedTurn | None = None
         self._checkpoints_enabled = False  # CK-01: True once a BindCheckpoints succeeded
+        self._people_init(None)
         path = config.session_file
         restored = None
         if path is not None:
@@ -172,6 +176,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
                 self._transcript = list(restored.transcript)
                 self._turn_index = restored.turn_index
                 self._interrupted = restored.interrupted
+            self._people_init(restored.people if restored is not None else None)
             if restored is not None and restored.conversation_id is not None:
                 self._conversation_id = restored.conversation_id
             else:
@@ -179,9 +184,17 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
             self._journal = journal
         self._init_loops(restored.loops if restored is not None else None)
         self._init_jobs(restored.loops if restored is not None else None)
+        self._start_gates()  # before build() returns: the gates answer from the start
 
     # ------------------------------------------------------------------------------- dispatch
     def handle(self, message: Any, ctx: Context) -> Any:
+        answer = self._people_handle(message, ctx)  # permission asks, plan gates, todos, kernel (at once)
+        if answer is not NOT_MINE:
+            return answer
+        if isinstance(message, PEOPLE_COMMANDS):
+            self._waiting.append(_Command(message, ctx))
+            self._drain()
+            return DEFER
         match message:
             # queries and controls: at once (MB-03)
             case GetTranscript(tail=tail):
@@ -279,6 +292,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
 
     def on_start(self) -> None:
         super().on_start()
+        self._people_started()
         if self._sink is not None:  # the builder's sink is the sink-holding tools' too (ES-02)
 
             def bound(reply: Reply) -> None:
@@ -289,6 +303,8 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
         self._reconcile_jobs()
 
     def on_local(self, message: Any) -> Any:
+        if self._people_local(message):
+            return None
         if isinstance(message, _HooksDone):
             self._done(message.ctx, None)
             return None
@@ -301,6 +317,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
             command = self._waiting.popleft()
             if isinstance(command.message, EnqueueText) and not command.ctx.done:
                 command.ctx.reply(EnqueueResult(outcome=None))
+        self._stop_gates()
         if self._journal is not None:
             self._journal.close()
         super().on_stop()
@@ -388,6 +405,9 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
         ctx = command.ctx
         if isinstance(command.message, CONVERSATION_TRANSCRIPT_COMMANDS):
             self._close_interrupted()
+        if self._people_command(command.message):
+            self._done(ctx, None)
+            return
         match command.message:
             case ContinueTurn():
                 self._continue_turn(ctx)
@@ -470,6 +490,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
 
     def _close_hooks(self, last: RuntimeOutcome | None, ctx: Context) -> None:
         event = SessionEnd(session_id=self._session_id, last_outcome=last)
+        self._forward("SessionEnd", {"hook_event_name": "SessionEnd", "session_id": self._session_id}, None)
         hooks = self.config.hooks
         self._log(logging.INFO, "session end (%d hook(s))", len(hooks))
         if not hooks:
@@ -526,6 +547,7 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
         self._write("the user message", lambda j: j.turn_started(index, user_at, user))  # before any effect
         self._turn_index += 1  # CV-05: a turn counts once started
         self._transcript.append(user)  # CV-01 (its event follows the turn, CV-09)
+        self._forward("UserPromptSubmit", {"hook_event_name": "UserPromptSubmit", "prompt": text}, None)
         self._log(
             logging.INFO,
             "turn %d started (model %s)",
@@ -545,6 +567,8 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
                 self._fail_turn(user_at, reply.error, answer)
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
+            if isinstance(reply.message, ToolList):
+                self._tools_listed(reply.message.mutating, {spec.name for spec in specs})
             run = KernelRun(
                 "turn",
                 "",
@@ -605,9 +629,11 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
                     suspended(error, call)
                     return
                 if error is None and isinstance(reply.message, ToolExecution):
-                    result = reply.message
+                    self._after_tool(call, reply.message, record)
                 else:
-                    result = ToolExecution(ok=False, text=f"the tool host failed: {error or reply.message}")
+                    record(ToolExecution(ok=False, text=f"the tool host failed: {error or reply.message}"))
+
+            def record(result: ToolExecution) -> None:
                 settled = [
                     Message.assistant(
                         call.text,
@@ -621,12 +647,19 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
                         self._journal.appended(len(self._transcript) - 1, message)
                 settle()
 
-            self.ask(
-                self.config.host,
-                ExecuteTool(name=call.name, arguments=json.loads(call.arguments), idempotency_key=call.key),
-                executed,
-                timeout=self.config.tool_timeout,
-            )
+            def permitted(decision: Any) -> None:  # the same permission layer, by the same key
+                if decision.behavior != "allow":
+                    record(ToolExecution(ok=False, text=denial_text(decision.reason)))
+                    return
+                arguments = merge_input(json.loads(call.arguments), decision.updated_input)
+                self.ask(
+                    self.config.host,
+                    ExecuteTool(name=call.name, arguments=arguments, idempotency_key=call.key),
+                    executed,
+                    timeout=self.config.tool_timeout,
+                )
+
+            self._permit(call, json.loads(call.arguments), permitted)
 
         settle()
 
@@ -644,6 +677,8 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
                 answer(reply.error)
                 return
             specs: tuple[ToolSpec, ...] = reply.message.specs if isinstance(reply.message, ToolList) else ()
+            if isinstance(reply.message, ToolList):
+                self._tools_listed(reply.message.mutating, {spec.name for spec in specs})
             run = KernelRun(
                 "turn",
                 "",
@@ -718,6 +753,10 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
         answer(error)
 
     def _finish_turn(self, run: KernelRun, user_at: int, answer: Callable[[Any], None]) -> None:
+        for (
+            note
+        ) in self._take_rejections():  # PG-04: after the turn's messages, never between a call and result
+            self._add(run, Message.user(note))
         self._transcript.extend(run.new)  # CV-02, in kernel order
         usage = ChatTokenUsage.from_token_usage(run.usage)
         outcome = RuntimeOutcome(
@@ -740,6 +779,8 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
             if error is not None:  # CV-11: logged, never discards the outcome
                 self._log(logging.WARNING, "cross-turn compaction failed: %r", error)
             self._emit(TurnFinished(turn_index=run.turn_index, finish_reason=run.finish, usage=usage))
+            stop = {"hook_event_name": "Stop", "turn_index": run.turn_index, "finish_reason": str(run.finish)}
+            self._forward("Stop", stop, None)
             self._log(
                 logging.INFO,
                 "turn %d finished: %s",
@@ -830,7 +871,8 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
             summary = Message.system(
                 f"Summary of {len(part)} earlier message(s):\n{(run.final or '').strip()}"
             )
-            compacted = [*before[:start], summary, *before[end:]]
+            todo = self._todo_message()  # the current todo list goes back into the model's context
+            compacted = [*before[:start], summary, *([todo] if todo else []), *before[end:]]
             boundary = CompactionBoundary(
                 trigger=trigger,
                 summarized_count=len(part),
@@ -852,6 +894,22 @@ class ConversationActor(JobsMixin, WakeupsMixin, LoopsMixin, KernelHost):
             then(None)
 
         self._kernel(run, summarized)
+
+    # ------------------------------------------------------------------------------- plan gates
+    def _gate_names(self) -> tuple[str, str]:
+        return f"{self.name}.plan_gate", f"{self.name}.plan_mode_gate"
+
+    def _start_gates(self) -> None:
+        """The plan gates' own addresses (PG-01): ``<conversation>.plan_gate`` and ``.plan_mode_gate``."""
+        for name, kind in zip(self._gate_names(), ("plan", "mode_request"), strict=True):
+            if self.node.lookup(name) is None:
+                self.node.spawn(GateActor, name, conversation=self.address, kind=kind, timeout=HOST_TIMEOUT)
+
+    def _stop_gates(self) -> None:
+        for name in self._gate_names():
+            ref = self.node.lookup(name)
+            if ref is not None:
+                ref.stop(block=False)
 
 
 def _wrap(error: BaseException) -> ConversationError:

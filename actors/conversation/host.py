@@ -61,11 +61,11 @@ class ToolHostActor(BusActor):
                     ctx,
                     key,
                     f"tool {name[:80]!r}",
-                    lambda: registry.execute(name, arguments),
+                    lambda: registry.execute(name, arguments, call_key=key),
                     rerun_safe=registry.is_rerun_safe(name),
                 )
             case ListTools():
-                return ToolList(specs=self.registry.specs())
+                return ToolList(specs=self.registry.specs(), mutating=self.registry.mutating_names())
             case BindSink(address=address):
                 sink = RemoteSink(self.node, address, src=self.address) if address is not None else None
                 self.registry.bind_sink(sink)

@@ -30,6 +30,12 @@ between the two fires it again, once), ``wakeup_taken`` {slot} (discarded or rea
 completion, with its capped output) and ``job_delivered`` {job_id} (written just before the turn that
 injects it).
 
+People in the loop (people.py, permissions.py; all fsync'd): ``permission`` {key, decision} (a final
+allow/deny for the call with that idempotency key, before the call is sent or its denial shown),
+``permission_asked`` {key, request, reason} (an ``ask`` before anyone is asked), ``plan_mode`` {on},
+``plan_proposed`` {plan_id, kind, plan} and ``plan_decided`` {plan_id, approved, reason}, ``todos``
+{todos, version}. ``Restored.people`` holds what they say; a compaction or a transcript change leaves it.
+
 A reader applies the records in order. A turn with a ``turn_started`` and no end record was interrupted (the
 process died): ``Restored.interrupted`` describes it, and the rebuilt transcript holds its user message,
 every call with its result, and for each call journaled without a result a tool message saying its outcome
@@ -55,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from actors.conversation.people import PeopleState
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -195,6 +202,11 @@ class Journal:
         """A goal, wakeup, loop or job record (see the module docstring): always durable."""
         self.write({"type": kind, **fields}, durable=True)
 
+    def people(self, record_type: str, **fields: Any) -> None:
+        """A permission, plan or todo record (see the module docstring), durable before it is acted on."""
+        assert record_type in PeopleState.RECORDS, record_type
+        self.write({"type": record_type, **fields}, durable=True)
+
     def close(self) -> None:
         self._file.close()
 
@@ -255,6 +267,7 @@ class Restored:
     conversation_id: str | None = None
     interrupted: InterruptedTurn | None = None
     loops: LoopsRestored = field(default_factory=lambda: LoopsRestored())
+    people: PeopleState = field(default_factory=PeopleState)  # permissions, plans, plan mode, todos
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +319,7 @@ def read_journal(path: Path) -> Restored:
     conversation_id: str | None = None
     open_turn: _Open | None = None
     lp = _LoopsReader()
+    people = PeopleState()
     lines = path.read_text(encoding="utf-8").split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -365,6 +379,8 @@ def read_journal(path: Path) -> Restored:
                 del transcript[int(record["length"]) :]
             elif kind in _LOOP_KINDS:
                 lp.apply(kind, record)
+            elif kind in PeopleState.RECORDS:
+                people.apply(record)
             else:
                 log.warning("%s:%d: unknown record type %r skipped", path, n, kind)
         except (KeyError, TypeError, ValueError) as exc:
@@ -377,7 +393,14 @@ def read_journal(path: Path) -> Restored:
         )
         transcript.extend(placeholders(pending))
     return Restored(
-        tuple(transcript), turn_index, records, boundaries, conversation_id, interrupted, lp.restored()
+        tuple(transcript),
+        turn_index,
+        records,
+        boundaries,
+        conversation_id,
+        interrupted,
+        lp.restored(),
+        people,
     )
 
 

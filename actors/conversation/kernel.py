@@ -30,6 +30,7 @@ from typing import Any, Literal
 from actors.base import DEFER, BusActor, Context
 from actors.conversation.journal import Journal, PendingCall, Sync
 from actors.conversation.messages import ConversationError, ExecuteTool
+from actors.conversation.permissions import denial_text, merge_input
 from actors.conversation.tools import ToolExecution
 from actors.conversation.types import (
     Compactor,
@@ -104,6 +105,11 @@ class ConversationConfig:
     judge_timeout: float = 120.0
     goal_judge_tail: int = 20
     timers: Any = None
+    # people in the loop (gatekeeper.py): the permission hook actor, how long it may take, how long a person
+    permission_hook: str | None = None
+    permission_timeout: float = 30.0
+    ask_timeout: float = 3600.0  # an ``ask`` or a proposed plan nobody decides is denied (rejected) after it
+    plan_mode: bool = False  # start in plan mode (a resumed session keeps its journaled mode)
 
 
 def line_of(m: Message) -> str:
@@ -181,6 +187,18 @@ class KernelHost(BusActor):
         function that starts it and later calls ``finished(result)``; None: a tool of the tool host."""
         return None
 
+    def _permit(self, pending: PendingCall, arguments: dict[str, Any], then: Callable[[Any], None]) -> None:
+        """The permission layer (gatekeeper.py): ``then(decision)`` once the call may run or is denied."""
+        raise NotImplementedError
+
+    def _after_tool(
+        self, pending: PendingCall, result: ToolExecution, then: Callable[[ToolExecution], None]
+    ) -> None:
+        then(result)
+
+    def _people_wait(self) -> float:
+        return 0.0
+
     def _add(self, run: KernelRun, message: Message) -> None:
         """A message of the running turn: kept for the transcript and journaled at once."""
         run.new.append(message)
@@ -209,7 +227,7 @@ class KernelHost(BusActor):
             operation_id=self.config.operation_ids(),
             rounds_used=0,
             round_limit=1,
-            call_timeout=max(self.config.call_timeout, self.config.tool_timeout),
+            call_timeout=max(self.config.call_timeout, self.config.tool_timeout + self._people_wait()),
         )
 
         def ended(reply: Reply) -> None:
@@ -344,18 +362,10 @@ class KernelHost(BusActor):
                 )
                 return DEFER
 
-        local = self._local_tool(name, dict(call.arguments), pending.key)
-        if isinstance(local, ToolExecution):
-            finished(local)
-            return DEFER
-        if local is not None:
-            local(finished)
-            return DEFER
-
         def executed(reply: Reply) -> None:
             error = reply.error
             if error is None and isinstance(reply.message, ToolExecution):
-                finished(reply.message)
+                self._after_tool(pending, reply.message, finished)
             elif error is None:
                 finished(
                     ToolExecution(ok=False, text=f"the tool host answered {type(reply.message).__name__}")
@@ -374,12 +384,26 @@ class KernelHost(BusActor):
             else:
                 finished(ToolExecution(ok=False, text=f"the tool host failed: {error}"))
 
-        self.ask(
-            self.config.host,
-            ExecuteTool(name=name, arguments=dict(call.arguments), idempotency_key=pending.key),
-            executed,
-            timeout=self.config.tool_timeout,
-        )
+        def permitted(decision: Any) -> None:
+            if decision.behavior != "allow":  # PH-02: a denied call never reaches the host (nor runs here)
+                finished(ToolExecution(ok=False, text=denial_text(decision.reason)))
+                return
+            arguments = merge_input(call.arguments, decision.updated_input)
+            local = self._local_tool(name, dict(arguments), pending.key)  # the loops' own tools
+            if isinstance(local, ToolExecution):
+                finished(local)
+                return
+            if local is not None:
+                local(finished)
+                return
+            self.ask(
+                self.config.host,
+                ExecuteTool(name=name, arguments=arguments, idempotency_key=pending.key),
+                executed,
+                timeout=self.config.tool_timeout,
+            )
+
+        self._permit(pending, dict(call.arguments), permitted)  # PH-01: before the tool runs
         return DEFER
 
     def _resolved(self, run: KernelRun, call: PendingCall, result: ToolExecution) -> None:

@@ -397,6 +397,7 @@ class ListTools:
 class ToolList:
     TAG: ClassVar[str] = "conv.host.tools"
     specs: tuple[ToolSpec, ...]
+    mutating: tuple[str, ...] = ()  # the tools registered mutating (plan mode denies them)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

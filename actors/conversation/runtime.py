@@ -18,6 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from actors.conversation.gatekeeper import GetKernel, GetTodos, KernelInfo, SetPlanMode
+from actors.conversation.hooks import (
+    GetHookStats,
+    HookForwarderActor,
+    HookStats,
+    SdkHookForwarder,
+    SetSdkHookForwarder,
+)
 from actors.conversation.journal import Sync
 from actors.conversation.messages import (
     ClearGoal,
@@ -51,6 +59,15 @@ from actors.conversation.messages import (
     TruncateTranscript,
     WithdrawEnqueued,
 )
+from actors.conversation.people import PlanApprovalGate, PlanModeRequestGate, register_people_tools
+from actors.conversation.permissions import (
+    AnswerPermission,
+    GetPendingPermissions,
+    PermissionHook,
+    PermissionHookActor,
+    PermissionRequest,
+    SetPermissionHook,
+)
 from actors.conversation.shadow import RestoreReport, ShadowRepo
 from actors.conversation.sinks import EventSink, NullSink, RemoteSink, SinkActor
 from actors.conversation.token import CancellationToken
@@ -65,6 +82,7 @@ from actors.conversation.types import (
     Message,
     RuntimeOutcome,
     SessionEnd,
+    TodoItem,
     Wakeup,
 )
 from transport.errors import BusError
@@ -142,6 +160,8 @@ class ConversationRuntime:
         self.timeout = timeout
         self._owned = list(owned)  # (node, actor name) this facade started (``stop`` stops them)
         self._sinks: dict[str, EventSink] = {}  # sink actor address -> the local sink it serves
+        self._gates: dict[str, PlanApprovalGate] = {}
+        self._kernel: KernelInfo | None = None
 
     @staticmethod
     def builder() -> ConversationRuntimeBuilder:
@@ -460,6 +480,126 @@ class ConversationRuntime:
             return NullSink()
         return self._sinks.get(address) or RemoteSink(self.node, address)
 
+    # ------------------------------------------------------------- people in the loop (issue 13)
+    def set_permission_hook(
+        self,
+        hook: PermissionHook | str | None,
+        *,
+        hook_timeout: float = 30.0,
+        fail_open: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Every later tool call awaits ``hook`` before it runs (PH-01; applied between commands, replacing
+        the earlier hook, PH-03). ``hook``: an object with ``check(request)`` (served by a
+        ``PermissionHookActor`` this facade starts) or the address of one in any process; None removes it.
+        A hook that raises, takes longer than ``hook_timeout`` seconds or cannot be reached denies the call
+        (fail closed) unless ``fail_open``."""
+        address: str | None
+        if hook is None or isinstance(hook, str):
+            address = hook
+        else:
+            name = f"permission-hook.{uuid.uuid4().hex[:12]}"
+            self.node.spawn(PermissionHookActor, name, hook=hook)
+            self._owned.append((self.node, name))
+            address = f"{self.node.name}/{name}"
+        message = SetPermissionHook(address=address, timeout=hook_timeout, fail_open=fail_open)
+        self._call(message, timeout, _none)
+
+    def set_sdk_hook_forwarder(
+        self,
+        forwarder: SdkHookForwarder | str | None,
+        *,
+        callback_timeout: float = 30.0,
+        timeout: float | None = None,
+    ) -> None:
+        """Send later hook events (PreToolUse, PostToolUse, UserPromptSubmit, Stop, SessionEnd) to
+        ``forwarder`` as ``hook_callback`` requests (hooks.py; PH-04), each bounded by ``callback_timeout``:
+        an object with ``forward(hook_event, payload)`` (served by a ``HookForwarderActor`` this facade
+        starts) or the address of one in any process. ``None`` removes it."""
+        address: str | None
+        if forwarder is None or isinstance(forwarder, str):
+            address = forwarder
+        else:
+            name = f"hook-forwarder.{uuid.uuid4().hex[:12]}"
+            self.node.spawn(HookForwarderActor, name, forwarder=forwarder)
+            self._owned.append((self.node, name))
+            address = f"{self.node.name}/{name}"
+        self._call(SetSdkHookForwarder(address=address, timeout=callback_timeout), timeout, _none)
+
+    def hook_stats(self, *, timeout: float | None = None) -> HookStats:
+        """How many hook callbacks were sent, and how many failed (timed out, raised, unreachable)."""
+        return self._call(GetHookStats(), timeout)  # type: ignore[no-any-return]
+
+    def pending_permissions(self, *, timeout: float | None = None) -> tuple[PermissionRequest, ...]:
+        """The calls waiting for a person (``ask``), each with its key (answered at once, mid-turn too)."""
+        return self._call(GetPendingPermissions(), timeout, lambda r: r.requests)  # type: ignore[no-any-return]
+
+    def answer_permission(
+        self,
+        key: str,
+        allow: bool,
+        reason: str | None = None,
+        *,
+        updated_input: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        """Decide the ``ask`` with this key; False (and nothing changes) if none waits under it."""
+        message = AnswerPermission(key=key, allow=allow, reason=reason, updated_input=updated_input)
+        return self._call(message, timeout, lambda r: r.decided)  # type: ignore[no-any-return]
+
+    def set_plan_mode(self, on: bool, *, timeout: float | None = None) -> None:
+        """Turn plan mode on or off (a command, journaled): while on, tools registered mutating are denied."""
+        self._call(SetPlanMode(on=on), timeout, _none)
+
+    def plan_mode(self, *, timeout: float | None = None) -> bool:
+        return self._call(GetTodos(), timeout, lambda r: r.plan_mode)  # type: ignore[no-any-return]
+
+    def _gate(self, cls: type[PlanApprovalGate], suffix: str) -> PlanApprovalGate:
+        gate = self._gates.get(suffix)
+        if gate is None:
+            gate = self._gates[suffix] = cls(self.node, f"{self.address}.{suffix}")
+        return gate
+
+    def plan_approval_gate(self) -> PlanApprovalGate:
+        """The conversation's plan-approval gate (PG-01: the same object on every call, the same actor
+        address from every process); its operations work while a turn runs (PG-02)."""
+        return self._gate(PlanApprovalGate, "plan_gate")
+
+    def plan_mode_request_gate(self) -> PlanModeRequestGate:
+        return self._gate(PlanModeRequestGate, "plan_mode_gate")  # type: ignore[return-value]
+
+    def confirm_plan(self) -> bool:
+        """Approve the pending plan (PG-03): ``exit_plan_mode`` returns approved, plan mode ends. False when
+        nothing is pending (PG-08)."""
+        return self.plan_approval_gate().approve()
+
+    def reject_plan(self, reason: str) -> bool:
+        """Reject the pending plan with ``reason`` (PG-04): the tool returns the reason, the transcript gets a
+        user message with it, plan mode stays on."""
+        return self.plan_approval_gate().reject(reason)
+
+    def approve_plan_mode_request(self) -> bool:
+        return self.plan_mode_request_gate().approve()  # PG-05
+
+    def reject_plan_mode_request(self, reason: str) -> bool:
+        return self.plan_mode_request_gate().reject(reason)  # PG-06
+
+    def current_todos(self, *, timeout: float | None = None) -> list[TodoItem]:
+        """A copy of the current todo list (TD-01), answered mid-turn (TD-04); ``[]`` if the conversation
+        cannot be asked (TD-03)."""
+        try:
+            return list(self._call(GetTodos(), timeout if timeout is not None else 5.0, lambda r: r.todos))
+        except (BusError, concurrent.futures.TimeoutError):
+            return []
+
+    def kernel(self, *, timeout: float | None = None) -> KernelInfo:
+        """The kernel that runs this conversation's turns (CV-08): the conversation actor's ``KernelHost``
+        (each turn is one ``run_session`` with it as the session host), described by its address, tool host
+        and model. The same object on every call of this facade; the same address from every process."""
+        if self._kernel is None:
+            self._kernel = self._call(GetKernel(), timeout)
+        return self._kernel
+
     # ------------------------------------------------------------------------------------ lifetime
     def stop(self, *, timeout: float = STOP_TIMEOUT) -> None:
         """Stop the actors this facade started (the conversation, its tool host, its sink actors), waiting up
@@ -521,6 +661,9 @@ class ConversationRuntimeBuilder:
         self._reasoning_effort = ""
         self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
         self._loop_options: dict[str, Any] = {}
+        self._plan_mode = False
+        self._people_tools = False
+        self._ask_timeout: float | None = None
 
     def node(self, node: Node) -> ConversationRuntimeBuilder:
         """The caller's bus node (required): the facade talks through it; actors start on it by default."""
@@ -676,6 +819,21 @@ class ConversationRuntimeBuilder:
 
     clock = timers
 
+    def plan_mode(self, on: bool = True) -> ConversationRuntimeBuilder:
+        """Start in plan mode (a resumed session keeps its journaled mode): mutating tools are denied."""
+        self._plan_mode = on
+        return self
+
+    def people_tools(self, on: bool = True) -> ConversationRuntimeBuilder:
+        """Register ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode`` in the tools (people.py)."""
+        self._people_tools = on
+        return self
+
+    def ask_timeout(self, seconds: float) -> ConversationRuntimeBuilder:
+        """How long an ``ask`` or a proposed plan waits for a person (default an hour); then it is denied."""
+        self._ask_timeout = seconds
+        return self
+
     def build(self) -> ConversationRuntime:
         from actors.conversation.actor import ConversationActor, ConversationConfig
         from actors.conversation.host import ToolHostActor
@@ -695,7 +853,10 @@ class ConversationRuntimeBuilder:
             effects = self._effects
             if effects is None and self._session_file is not None:
                 effects = self._session_file.with_name(self._session_file.name + ".effects.sqlite3")
-            host_node.spawn(ToolHostActor, host_name, registry=self._tools or ToolRegistry(), effects=effects)
+            registry = self._tools or ToolRegistry()
+            if self._people_tools:
+                register_people_tools(registry)
+            host_node.spawn(ToolHostActor, host_name, registry=registry, effects=effects)
             facade._owned.append((host_node, host_name))
             host = f"{host_node.name}/{host_name}"
         sink_address = facade._sink_address(self._sink)
@@ -716,6 +877,7 @@ class ConversationRuntimeBuilder:
             round_timeout=self._round_timeout,
             reasoning_effort=self._reasoning_effort,
             operation_ids=self._operation_ids,
+            plan_mode=self._plan_mode,
         )
         extra: dict[str, Any] = dict(self._loop_options)
         if self._tool_timeout is not None:
@@ -723,6 +885,8 @@ class ConversationRuntimeBuilder:
         if self._call_timeout is not None:
             extra["call_timeout"] = self._call_timeout
         config = dataclasses.replace(config, **extra)
+        if self._ask_timeout is not None:
+            config = dataclasses.replace(config, ask_timeout=self._ask_timeout)
         where.spawn(ConversationActor, name, config=config)
         facade._owned.append((where, name))
         return facade

@@ -14,11 +14,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.base import BusActor, Context
+from actors.conversation.permissions import PermissionAsked
 from actors.conversation.types import (
     LOOP_EVENTS,
     CompactionBoundary,
     MessageAppended,
+    PlanProposed,
     TextDelta,
+    TodoUpdated,
     ToolCallFinished,
     ToolCallStarted,
     ToolNotice,
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CallbackSink", "EventSink", "NullSink", "RemoteSink", "SinkActor"]
 
 
-EVENT_TYPES = (
+EVENT_TYPES: tuple[type[Any], ...] = (
     MessageAppended,
     TurnFinished,
     CompactionBoundary,
@@ -41,6 +44,7 @@ EVENT_TYPES = (
     ToolNotice,
     *LOOP_EVENTS,
 )
+EVENT_TYPES = (*EVENT_TYPES, TodoUpdated, PlanProposed, PermissionAsked)  # people in the loop (issue 13)
 
 
 class EventSink(Protocol):

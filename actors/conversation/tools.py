@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 SINK_PARAMETER = "sink"
+KEY_PARAMETER = (
+    "call_key"  # a tool with this parameter gets the call's idempotency key (not shown to the model)
+)
 MAX_RESULT_CHARS = 16_000
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
@@ -75,6 +78,7 @@ class _Tool:
     params: tuple[str, ...]
     required: frozenset[str]
     wants_sink: bool
+    wants_key: bool = False
     mutating: bool = False  # changes something outside the conversation (plan mode, permission hooks)
     rerun_safe: bool = False  # may run again for a key whose earlier run's outcome is unknown
 
@@ -191,10 +195,13 @@ class ToolRegistry:
         properties: dict[str, Any] = {}
         required: list[str] = []
         params: list[str] = []
-        wants_sink = False
+        wants_sink = wants_key = False
         for p in inspect.signature(fn).parameters.values():
             if p.name == SINK_PARAMETER:
                 wants_sink = True
+                continue
+            if p.name == KEY_PARAMETER:
+                wants_key = True
                 continue
             if p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
                 raise ToolRegistryError(f"{tool_name}: parameter {p.name} must be a named parameter")
@@ -211,7 +218,14 @@ class ToolRegistry:
             parameters={"type": "object", "properties": properties, "required": required},
         )
         self._tools[tool_name] = _Tool(
-            spec, fn, tuple(params), frozenset(required), wants_sink, mutating=mutating, rerun_safe=rerun_safe
+            spec,
+            fn,
+            tuple(params),
+            frozenset(required),
+            wants_sink,
+            wants_key,
+            mutating=mutating,
+            rerun_safe=rerun_safe,
         )
         return spec
 
@@ -248,8 +262,12 @@ class ToolRegistry:
     def sink(self) -> EventSinkLike | None:
         return self._sink
 
-    def execute(self, name: str, arguments: Mapping[str, Any] | None) -> ToolExecution:
-        """Run one call. Never raises for the tool's sake: every failure is ``ok=False`` with its reason."""
+    def mutating_names(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self._tools.items() if t.mutating)
+
+    def execute(self, name: str, arguments: Mapping[str, Any] | None, *, call_key: str = "") -> ToolExecution:
+        """Run one call. Never raises for the tool's sake: every failure is ``ok=False`` with its reason.
+        ``call_key`` (the call's idempotency key) is passed to a tool with a ``call_key`` parameter."""
         tool = self._tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
@@ -267,6 +285,8 @@ class ToolRegistry:
                 return ToolExecution(ok=False, text=f"{name}: argument {key} has the wrong type")
         if tool.wants_sink:
             args[SINK_PARAMETER] = self._sink
+        if tool.wants_key:
+            args[KEY_PARAMETER] = call_key
         try:
             value = tool.fn(**args)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is its result, never the host's death

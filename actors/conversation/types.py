@@ -430,3 +430,40 @@ LOOP_EVENTS = (
     JobStarted,
     JobFinished,
 )
+
+
+# ------------------------------------------------------------------------ people in the loop (issue 13)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TodoItem:
+    """One entry of the agent's task list (TD-01..TD-04): ``active_form`` is the text shown while it runs."""
+
+    TAG: ClassVar[str] = "conv.todo"
+    content: str
+    status: Literal["pending", "in_progress", "completed"]
+    active_form: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"content": self.content, "status": self.status, "active_form": self.active_form}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TodoUpdated:
+    """``todo_write`` replaced the list (TD-02); ``version`` counts the lists written by that tool."""
+
+    TAG: ClassVar[str] = "conv.ev.todo_updated"
+    todos: tuple[TodoItem, ...]
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanProposed:
+    """``exit_plan_mode`` proposed ``plan`` (PG-07); ``plan_id`` is the call's idempotency key."""
+
+    TAG: ClassVar[str] = "conv.ev.plan_proposed"
+    plan: str
+    plan_id: str = ""
+
+
+PEOPLE_TYPES = (TodoItem, TodoUpdated, PlanProposed)

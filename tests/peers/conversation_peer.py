@@ -2,7 +2,8 @@
 ConversationActor at ``<name>/chat``.
 
 Tools: ``add(a, b)`` and ``hold(key)``, which prints ``TOOL_ENTERED <key>`` and blocks until the test writes
-``RELEASE <key>`` to this process's stdin. Prints ``READY {"endpoints": [...], "address": ...}`` once bound;
+``RELEASE <key>`` to this process's stdin; with ``--people`` also the people tools (``--plan-mode``: start in
+plan mode). Prints ``READY {"endpoints": [...], "address": ...}`` once bound;
 serves until SIGTERM or stdin closes.
 """
 
@@ -32,6 +33,10 @@ def main() -> int:
     ap.add_argument("--scripts", default="[]", help="the scripted provider's scripts (JSON list)")
     ap.add_argument("--keep-recent", type=int, default=2, help="the compactor's keep_recent_n")
     ap.add_argument("--data-dir", required=True)
+    ap.add_argument(
+        "--people", action="store_true", help="register todo_write, exit_plan_mode, request_plan_mode"
+    )
+    ap.add_argument("--plan-mode", action="store_true", help="start in plan mode")
     args = ap.parse_args()
     node = Node(args.name, bind=[args.bind], registry=registry())
     node.start()
@@ -57,6 +62,7 @@ def main() -> int:
     builder.compactor(Compactor(threshold_tokens=10**9, keep_recent_n=args.keep_recent))
     if args.session_file:
         builder.session_file(Path(args.session_file))
+    builder.people_tools(args.people).plan_mode(args.plan_mode)
     rt = builder.build()
     info = {"endpoints": list(node.endpoints), "address": rt.address}
     print("READY " + json.dumps(info), flush=True)
