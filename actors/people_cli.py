@@ -135,7 +135,7 @@ def install(agent: Any) -> None:
     """After the conversation is built: the ``--ask`` hook and the terminal side."""
     args = agent.args
     interactive = bool(getattr(args, "interactive", sys.stdin.isatty()))
-    people = People(agent.runtime, agent.out, interactive=interactive)
+    people = People(agent.runtime, agent.err, interactive=interactive)  # status and questions: stderr
     if getattr(args, "ask", None):
         agent.runtime.set_permission_hook(AskTools(set(args.ask)))
     agent.printer.other = lambda event: people.emit(event, agent.printer._write)

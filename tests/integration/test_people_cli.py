@@ -167,5 +167,6 @@ def test_kbus_run_without_a_terminal_denies_an_ask_with_a_reason(kbus_process: S
     )  # fmt: skip
     code, out, err = finish(proc)
     assert code == 0, out + err
-    assert "[tool error] calculate: Permission denied: no one could be asked: kbus run has no terminal" in out
+    # the tool lines go to stderr, with every status line (the answer alone on stdout)
+    assert "[tool error] calculate: Permission denied: no one could be asked: kbus run has no terminal" in err
     assert "6 * 7 = 42" not in out

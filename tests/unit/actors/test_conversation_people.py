@@ -503,10 +503,18 @@ class Forwarder:
     def __init__(self, answer: Callable[[str, dict[str, Any]], Any] = lambda e, p: {}) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.answer = answer
+        self.arrived = threading.Condition()
 
     def forward(self, hook_event: str, payload: dict[str, Any]) -> Any:
-        self.calls.append((hook_event, payload))
+        with self.arrived:
+            self.calls.append((hook_event, payload))
+            self.arrived.notify_all()
         return self.answer(hook_event, payload)
+
+    def wait_for(self, n: int) -> None:
+        """Until ``n`` calls arrived (bounded): the turn does not await notifications (Stop, SessionEnd)."""
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.calls) >= n, WAIT), self.calls
 
 
 def test_ph04_hook_events_reach_the_forwarder_and_none_removes_it(env: People) -> None:
@@ -518,6 +526,7 @@ def test_ph04_hook_events_reach_the_forwarder_and_none_removes_it(env: People) -
     env.script(call("record", "c1", a=1), text("ok"))
     rt.run("go")
     rt.close()
+    f.wait_for(5)
     events = [e for e, _ in f.calls]
     assert events == ["UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop", "SessionEnd"]
     pre = f.calls[1][1]
