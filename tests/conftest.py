@@ -19,6 +19,7 @@ from typing import Any
 
 import pykka
 import pytest
+from peers.cli_kit import KBUS, Start
 
 from transport import KeyPair, Node
 from transport.security import create_keys
@@ -268,3 +269,26 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
             node.proc.wait(timeout=10)
         if node.proc.stdout is not None:
             node.proc.stdout.close()
+
+
+@pytest.fixture
+def kbus_process() -> Iterator[Start]:
+    """Start ``kbus ARGS...`` (own session, pipes unless given); every one still running at the end is
+    ended by its PID (SIGTERM, then SIGKILL)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **popen: object) -> subprocess.Popen[str]:
+        options: dict[str, object] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+        proc = subprocess.Popen([*KBUS, *args], text=True, start_new_session=True, **options)  # type: ignore[call-overload]
+        started.append(proc)
+        return proc  # type: ignore[no-any-return]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)

@@ -11,54 +11,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 from conftest import KbusNode
+from peers.cli_kit import Pty, Start, finish
 
 from actors.agent_cli import DEMO_PROMPT
 
 pytestmark = pytest.mark.integration
-
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
-
-Start = Callable[..., subprocess.Popen[str]]
-
-
-@pytest.fixture
-def kbus_process() -> Iterator[Start]:
-    """Start ``kbus ARGS...`` (own session, pipes unless given); every one still running at the end is
-    ended by its PID (SIGTERM, then SIGKILL)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **popen: object) -> subprocess.Popen[str]:
-        options: dict[str, object] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-        proc = subprocess.Popen([*KBUS, *args], text=True, start_new_session=True, **options)  # type: ignore[call-overload]
-        started.append(proc)
-        return proc  # type: ignore[no-any-return]
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
 
 
 SCRIPTED = """
@@ -94,39 +60,6 @@ def test_kbus_run_on_the_embedded_model_calls_the_calculator_and_answers(
     assert "[tool" not in out and "[done]" not in out
     assert "1 tool call" in lines[done[0]]
     assert re.search(r"receipts: rcpt-[0-9a-f-]+", lines[done[0]]), lines[done[0]]
-
-
-class Pty:
-    """The controlling side of a pseudo-terminal: what the child printed so far, and keystrokes for it."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.seen = ""
-        self.mark = 0  # expect() looks only after this offset
-
-    def expect(self, text: str, timeout: float = 30.0) -> str:
-        """Wait until ``text`` appears after the mark; move the mark past it; return what came before."""
-        deadline = time.monotonic() + timeout
-        while text not in self.seen[self.mark :]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {text!r} within {timeout}s; the terminal shows:\n{self.seen}")
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self.fd, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                chunk = b""
-            if not chunk:
-                raise AssertionError(f"the terminal closed before {text!r}:\n{self.seen}")
-            self.seen += chunk.decode("utf-8", errors="replace")
-        at = self.seen.index(text, self.mark)
-        before, self.mark = self.seen[self.mark : at], at + len(text)
-        return before
-
-    def send(self, line: str) -> None:
-        os.write(self.fd, (line + "\n").encode())
 
 
 def test_kbus_chat_in_a_terminal_turns_model_switch_compact_and_quit(
@@ -672,5 +605,3 @@ def test_version_and_config_explain(kbus_process: Start) -> None:
     assert "[providers.NAME] kind = 'openai'" in out and "  stream_tools = 'auto'" in out
     assert "  base_url (required)" in out and "  api_key_env = None" in out
     assert "[models.NAME]" in out and "  context_window (required)" in out
-
-

@@ -6,81 +6,14 @@ provider says what to call (a ``--config`` catalog); every process is ended by i
 from __future__ import annotations
 
 import os
-import select
-import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from peers.cli_kit import Pty, Start, finish
 
 pytestmark = pytest.mark.integration
-
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
-Start = Callable[..., subprocess.Popen[str]]
-
-
-@pytest.fixture
-def kbus_process() -> Iterator[Start]:
-    """Start ``kbus ARGS...`` in its own session; each one still running at the end is ended by its PID
-    (as in test_agent_cli.py)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **popen: object) -> subprocess.Popen[str]:
-        options: dict[str, object] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-        proc = subprocess.Popen([*KBUS, *args], text=True, start_new_session=True, **options)  # type: ignore[call-overload]
-        started.append(proc)
-        return proc  # type: ignore[no-any-return]
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-class Pty:
-    """The controlling side of a pseudo-terminal (as in test_agent_cli.py)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.seen = ""
-        self.mark = 0
-
-    def expect(self, text: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while text not in self.seen[self.mark :]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {text!r} within {timeout}s; the terminal shows:\n{self.seen}")
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self.fd, 4096)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                raise AssertionError(f"the terminal closed before {text!r}:\n{self.seen}")
-            self.seen += chunk.decode("utf-8", errors="replace")
-        at = self.seen.index(text, self.mark)
-        before, self.mark = self.seen[self.mark : at], at + len(text)
-        return before
-
-    def send(self, line: str) -> None:
-        os.write(self.fd, (line + "\n").encode())
-
 
 CHAT = """
 [providers.scripted]
