@@ -26,8 +26,8 @@ from typing import Any
 
 import pykka
 
+import actors.conversation.compaction as compaction
 from actors.base import DEFER, Context
-from actors.conversation import compaction
 from actors.conversation.gatekeeper import NOT_MINE, PEOPLE_COMMANDS, Gatekeeper
 from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
