@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import PEERS, PeerProcess
 from peers.conversation_kit import Gates
+from peers.loop_kit import gone, read_pid
 
 from actors.conversation import ConversationRuntime, ToolRegistry, read_journal
 from actors.conversation.jobs import BackgroundJobManager
@@ -219,29 +219,6 @@ def test_jobs_on_a_runner_in_another_process_two_completions_two_turns_and_no_ch
         assert gone(info.pgid) and gone(grandchild)
     finally:
         rt.stop()
-
-
-def read_pid(fd: int) -> int:
-    """The pid a job writes into the fifo open (non-blocking) at ``fd``: a bounded wait on the pipe."""
-    try:
-        data = b""
-        while not data.endswith(b"\n"):
-            ready, _, _ = select.select([fd], [], [], WAIT)
-            assert ready, "the job never wrote its child's pid"
-            chunk = os.read(fd, 64)
-            assert chunk or data, "the fifo closed empty"
-            data += chunk
-        return int(data)
-    finally:
-        os.close(fd)
-
-
-def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def test_a_job_whose_runner_process_is_killed_is_reported_once_as_lost(

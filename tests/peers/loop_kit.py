@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import select
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from actors.conversation.types import GoalVerdict, Message
@@ -98,3 +101,30 @@ def yes(reason: str = "done") -> GoalVerdict:
 
 def kinds(events: Sequence[Any]) -> list[str]:
     return [type(e).__name__ for e in events]
+
+
+WAIT_PID = 10.0
+
+
+def read_pid(fd: int) -> int:
+    """The pid the job writes into the fifo open at ``fd`` (a bounded wait on the pipe, no polling)."""
+    try:
+        data = b""
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], WAIT_PID)
+            assert ready, "the job never wrote its child's pid"
+            chunk = os.read(fd, 64)
+            assert chunk or data, "the fifo closed empty"
+            data += chunk
+        return int(data)
+    finally:
+        os.close(fd)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (killed, not yet reaped by its new parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from peers.conversation_kit import WAIT, Env, call, env_fixture, text
-from peers.loop_kit import ManualClock
+from peers.loop_kit import ManualClock, gone, read_pid
 
 from actors.conversation import CancellationToken, ToolCallFinished, read_journal
 from actors.conversation.jobs import BackgroundJobManager, JobRunnerActor, injected_text
@@ -240,33 +239,9 @@ def test_close_ends_the_jobs_whole_process_group(env: Env, tmp_path: Path) -> No
     job_id = started_ids(env)[command]
     pgid = manager.status(job_id).pgid
     assert pgid > 0
-    child = read_fd(reader)
+    child = read_pid(reader)
     rt.close()
     assert gone(child) and gone(pgid)
-
-
-def read_fd(fd: int) -> int:
-    """The pid the job writes into the fifo open at ``fd`` (a bounded wait on the pipe, no polling)."""
-    try:
-        data = b""
-        while not data.endswith(b"\n"):
-            ready, _, _ = select.select([fd], [], [], WAIT)
-            assert ready, "the job never wrote its child's pid"
-            chunk = os.read(fd, 64)
-            assert chunk or data, "the fifo closed empty"
-            data += chunk
-        return int(data)
-    finally:
-        os.close(fd)
-
-
-def gone(pid: int) -> bool:
-    """No such process, or a zombie (killed, not yet reaped by its new parent)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def test_a_finished_but_undelivered_job_is_delivered_once_after_a_resume(env: Env, tmp_path: Path) -> None:
