@@ -84,7 +84,9 @@ undelivered job completions:
 
 People in the loop (issue 13; permissions.py, people.py, gatekeeper.py, hooks.py): ``.people_tools()``
 registers ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode``; ``.plan_mode()`` starts in plan mode
-(mutating tools denied by the permission layer); ``.ask_timeout(s)`` bounds a person's decision.
+(mutating tools denied by the permission layer, for the tool host's tools and the conversation's own, by
+the flag each was registered with); ``.ask_timeout(s)`` bounds a person's decision on the ``.timers``
+clock, and an interrupt ends it (denied or rejected, journaled).
 ``set_permission_hook(hook | address)`` (fail closed), ``pending_permissions()``, ``answer_permission(key,
 allow)``, ``set_plan_mode(on)``, ``plan_mode()``, ``plan_approval_gate()`` / ``plan_mode_request_gate()``
 (gate actors at ``<conversation>.plan_gate`` / ``.plan_mode_gate``), ``confirm_plan()``, ``reject_plan(r)``,

@@ -28,7 +28,7 @@ import pykka
 
 import actors.conversation.compaction as compaction
 from actors.base import DEFER, Context
-from actors.conversation.gatekeeper import NOT_MINE, PEOPLE_COMMANDS, Gatekeeper
+from actors.conversation.gatekeeper import INTERRUPTED, NOT_MINE, PEOPLE_COMMANDS, Gatekeeper
 from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
@@ -222,6 +222,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                     self._cancelled.add(token_id)
                     self._interrupt()
                     self._wake_interrupted()
+                    self._end_people_waits(INTERRUPTED)
                 return None
             case GetGoal() | SetGoal() | RegisterWakeupTool() | SlotSchedule() | SlotTake():
                 return self._loop_control(message)
@@ -251,6 +252,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                     self._interrupt()
                 if token_id == self._token:
                     self._wake_interrupted()
+                    self._end_people_waits(INTERRUPTED)  # a wait for a person ends too
                 return None
             # the session loop's host calls and the handle's streamed text
             case TurnTextDelta():
@@ -452,12 +454,13 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 if not rebind:
                     self._done(ctx, None)
                 else:
-                    self.ask(
-                        self.config.host,
-                        BindSink(address=address),
-                        lambda reply: self._done(ctx, reply.error),
-                        timeout=HOST_TIMEOUT,
-                    )
+
+                    def bound(reply: Reply) -> None:
+                        if reply.error is None:  # TodoUpdated follows the tools' sink (ES-02/ES-03)
+                            self._tool_sink = address
+                        self._done(ctx, reply.error)
+
+                    self.ask(self.config.host, BindSink(address=address), bound, timeout=HOST_TIMEOUT)
             case SetSessionId(session_id=session_id):
                 self._session_id = session_id
                 self._done(ctx, None)

@@ -6,8 +6,12 @@ plan mode, the permission hook, ``ask``), waits for a person on ``exit_plan_mode
 comes back on resume (``Restored.people``): an ``ask`` or a plan still pending at a crash is pending again,
 and the first decision for its key is the only one that counts.
 
-Waiting is bounded: an ``ask`` or a plan nobody decides within ``ask_timeout`` seconds is denied (rejected)
-with a reason that says so. The session loop's wait for the host call is lengthened by that bound.
+Waiting is bounded: an ``ask`` or a plan nobody decides within ``ask_timeout`` seconds (on the
+conversation's injected clock, ``ConversationConfig.timers``) is denied (rejected) with a reason that says so.
+The session loop's wait for the host call is lengthened by that bound. An interrupt (the turn's token
+cancelled) ends every such wait at once: the call is denied, the plan or plan-mode request rejected, with a
+reason that says so, journaled like a person's decision (a resume does not ask again), and the turn then
+ends as an interrupted turn does.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,8 +66,9 @@ from actors.conversation.permissions import (
     SetPermissionHook,
     merge_input,
 )
-from actors.conversation.tools import ToolExecution
-from actors.conversation.types import Message, TodoItem
+from actors.conversation.timers import RealTimers, Timers
+from actors.conversation.tools import ToolExecution, ToolSpec
+from actors.conversation.types import Message, TodoItem, TodoUpdated
 from transport.errors import Expired, NotDelivered
 from transport.pending import Reply
 
@@ -73,6 +77,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Gatekeeper", "GetKernel", "GetTodos", "KernelInfo", "SetPlanMode", "TodoList"]
 
 NOT_MINE = object()
+INTERRUPTED = "the turn was interrupted"  # the reason a wait for a person ended by an interrupt gives
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +143,7 @@ class Gatekeeper:
         def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes: ...
         def _emit(self, event: Any) -> None: ...
         def _append(self, message: Message) -> None: ...
+        def _local_specs(self) -> tuple[ToolSpec, ...]: ...
 
     def _people_init(self, people: PeopleState | None) -> None:
         self._people = people or PeopleState()
@@ -150,6 +156,9 @@ class Gatekeeper:
         self._plan_tools = False  # the host has exit_plan_mode / request_plan_mode (a call may wait)
         self._ask_waiters: dict[str, Callable[[PermissionDecision], None]] = {}
         self._plan_waiters: dict[str, Callable[[ToolExecution], None]] = {}
+        self._people_timers: Timers = self.config.timers or RealTimers()
+        self._wait_timers: dict[tuple[str, str], Callable[[], None]] = {}  # (kind, key) -> cancel
+        self._tool_sink: str | None = self.config.sink  # the sink the host's tools are bound to (ES-02)
         self._rejections: list[str] = []
         self._forwarder: str | None = None  # the SDK hook forwarder actor (hooks.py)
         self._forward_timeout = 30.0
@@ -215,7 +224,7 @@ class Gatekeeper:
 
             self.ask(self.config.host, ListTools(), listed, timeout=self.config.tool_timeout)
             return
-        mutating = self._mutating is not None and pending.name in self._mutating
+        mutating = self._is_mutating(pending.name)
         if people.plan_mode and mutating:
             reason = (
                 f"plan mode is on: {pending.name} changes files or the world, so it cannot run until a plan "
@@ -284,6 +293,14 @@ class Gatekeeper:
                 self._final(key, PermissionDecision.deny(why + "; denied (fail closed)"), then)
 
         self.ask(hook, CheckPermission(request=request), checked, timeout=timeout)
+
+    def _is_mutating(self, name: str) -> bool:
+        """Whether ``name`` was registered mutating: on the tool host (its ``ToolList``), or as one of the
+        conversation's own tools (the loops' ``schedule_wakeup`` and job tools: their ``ToolSpec.mutating``,
+        read at each call, since they may be registered mid-conversation). No fixed list of names."""
+        if self._mutating is not None and name in self._mutating:
+            return True
+        return any(spec.mutating for spec in self._local_specs() if spec.name == name)
 
     def _request(self, pending: PendingCall, arguments: dict[str, Any], mutating: bool) -> PermissionRequest:
         return PermissionRequest(
@@ -387,15 +404,20 @@ class Gatekeeper:
         self._timer("ask", request.key)
 
     def _timer(self, kind: str, key: str) -> None:
+        """Bound a wait for a person by ``ask_timeout`` on the conversation's clock (``_expired``)."""
         ref = self.actor_ref
 
         def expire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(_Expired(kind, key))
 
-        timer = threading.Timer(self.config.ask_timeout, expire)
-        timer.daemon = True
-        timer.start()
+        self._stop_timer(kind, key)
+        self._wait_timers[(kind, key)] = self._people_timers.call_later(self.config.ask_timeout, expire)
+
+    def _stop_timer(self, kind: str, key: str) -> None:
+        cancel = self._wait_timers.pop((kind, key), None)
+        if cancel is not None:
+            cancel()
 
     def _answer_ask(self, m: AnswerPermission) -> bool:
         if m.key not in self._people.asks:
@@ -406,10 +428,12 @@ class Gatekeeper:
         else:
             decision = PermissionDecision.deny(m.reason or "a person denied it")
         waiter = self._ask_waiters.pop(m.key, None)
+        self._stop_timer("ask", m.key)
         self._final(m.key, decision, waiter or (lambda d: None))
         return True
 
     def _expired(self, e: _Expired) -> None:
+        self._wait_timers.pop((e.kind, e.key), None)
         wait = f"no one decided within {self.config.ask_timeout:g}s"
         if e.kind == "ask" and e.key in self._ask_waiters:
             self._answer_ask(AnswerPermission(key=e.key, allow=False, reason=wait))
@@ -417,6 +441,18 @@ class Gatekeeper:
             plan = self._people.plans.get(e.key)
             if plan is not None:
                 self._decide(plan, False, wait)
+
+    def _end_people_waits(self, reason: str) -> None:
+        """The interrupt token was cancelled: every call of this conversation waiting for a person is
+        decided now, ``ask`` denied and plan (or plan-mode request) rejected with ``reason``, journaled as a
+        person's decision would be (a resume does not ask again). The waiting tool calls then return, and
+        the turn ends at its next step boundary as CANCELLED (IT-01/IT-02)."""
+        for key in list(self._ask_waiters):
+            self._answer_ask(AnswerPermission(key=key, allow=False, reason=reason))
+        for plan_id in list(self._plan_waiters):
+            plan = self._people.plans.get(plan_id)
+            if plan is not None and plan.decision is None:
+                self._decide(plan, False, reason, person=False)
 
     # ------------------------------------------------------------------------ plans and todos
     def _after_tool(
@@ -468,9 +504,9 @@ class Gatekeeper:
                 )
             )
             return
+        version = self._people.todo_version + 1  # the conversation's count, journaled (not the host's)
         try:
-            row = json.loads(result.text)
-            todos, version = todos_from_json(row["todos"]), int(row.get("version", 0))
+            todos = todos_from_json(json.loads(result.text)["todos"])
             self._write(
                 "the todo list", lambda j: j.people("todos", todos=todos_json(todos), version=version)
             )
@@ -478,7 +514,9 @@ class Gatekeeper:
             then(ToolExecution(ok=False, text=f"todo_write: {exc}\nThe list is unchanged: {current}"))
             return
         self._people.todos, self._people.todo_version = todos, version
-        then(result)
+        if self._tool_sink is not None:  # TD-02: after the list is durable
+            self.tell_to(self._tool_sink, TodoUpdated(todos=todos, version=version))
+        then(ToolExecution(ok=True, text=json.dumps({"todos": todos_json(todos), "version": version})))
 
     def _propose(
         self, plan_id: str, kind: str, result: ToolExecution, then: Callable[[ToolExecution], None]
@@ -506,7 +544,9 @@ class Gatekeeper:
         self._plan_waiters[plan_id] = then
         self._timer("plan", plan_id)
 
-    def _decide(self, plan: PendingPlan, approved: bool, reason: str | None) -> None:
+    def _decide(self, plan: PendingPlan, approved: bool, reason: str | None, *, person: bool = True) -> None:
+        """Journal and apply a decision on ``plan``; ``person`` False (an interrupt): no user message."""
+        self._stop_timer("plan", plan.plan_id)
         decision = {"approved": approved, "reason": reason}
         self._write(
             "a plan decision",
@@ -521,7 +561,7 @@ class Gatekeeper:
         if mode != self._people.plan_mode:
             self._write("plan mode", lambda j: j.people("plan_mode", on=mode))
             self._people.plan_mode = mode
-        if not approved and plan.kind == "plan":
+        if not approved and plan.kind == "plan" and person:
             note = f"The plan was rejected: {reason or 'no reason given'}. Plan mode stays on."
             if self._run is None and self._interrupted is None:
                 self._append(Message.user(note))

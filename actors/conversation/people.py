@@ -1,10 +1,12 @@
 """People in the loop: the todo list, plan mode and plan gates (RULES.md 9.10 PG, 9.16 TD, 9.12 ES-02).
 
-The tools (registered in the conversation's ``ToolRegistry``, so they run on its tool host, and hold the
-sink they were registered with, ES-02):
+The tools (registered in the conversation's ``ToolRegistry``, so they run on its tool host; their events go
+to the sink the tools were bound to, ES-02):
 
 - ``TodoWriteTool`` (``todo_write``): replaces the whole list; validates it (statuses pending |
-  in_progress | completed, at most one in_progress) and emits ``TodoUpdated{todos, version}`` on its sink.
+  in_progress | completed, at most one in_progress); the conversation then journals it and emits
+  ``TodoUpdated{todos, version}`` on the sink the tools are bound to, ``version`` counting the
+  conversation's lists (journaled: it keeps rising across a resume).
 - ``ExitPlanModeTool`` (``exit_plan_mode``): proposes a plan; emits ``PlanProposed`` on its sink.
 - ``RequestPlanModeTool`` (``request_plan_mode``): asks a person to turn plan mode on.
 
@@ -16,6 +18,7 @@ todo list a ``todo_write`` wrote, and puts it back into the model's context afte
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,9 +27,9 @@ from typing import Any, ClassVar
 from actors.base import DEFER, BusActor, Context
 from actors.conversation.permissions import PermissionDecision, PermissionRequest
 from actors.conversation.tools import EventSinkLike
-from actors.conversation.types import PlanProposed, TodoItem, TodoUpdated
+from actors.conversation.types import PlanProposed, TodoItem
 from transport.node import Node
-from transport.pending import Reply
+from transport.pending import Reply, chained
 
 __all__ = [
     "EXIT_PLAN_MODE",
@@ -99,25 +102,21 @@ def todos_from_json(rows: Any) -> tuple[TodoItem, ...]:
 
 class TodoWriteTool:
     """``todo_write(todos)``: replace the whole task list. Registered as its bound ``__call__``
-    (``register_people_tools``)."""
+    (``register_people_tools``). It only checks the list: the conversation actor journals it, numbers it
+    (``TodoUpdated.version`` counts the lists of the conversation, journaled, so it keeps rising across a
+    resume and a new tool host) and emits ``TodoUpdated`` on the sink the host's tools are bound to
+    (ES-02)."""
 
     __name__ = TODO_WRITE
 
-    def __init__(self) -> None:
-        self.version = 0
-
-    def __call__(self, todos: list[dict[str, Any]], sink: EventSinkLike | None = None) -> str:
+    def __call__(self, todos: list[dict[str, Any]]) -> str:
         """Replace the whole todo list. Each item: content, status (pending, in_progress or completed; at
         most one in_progress) and active_form (shown while it is in progress).
 
         Args:
             todos: the complete new list, in order
         """
-        items = validate_todos(todos)
-        self.version += 1
-        if sink is not None:
-            sink.emit(TodoUpdated(todos=items, version=self.version))
-        return json.dumps({"todos": todos_json(items), "version": self.version})
+        return json.dumps({"todos": todos_json(validate_todos(todos))})
 
 
 class ExitPlanModeTool:
@@ -326,17 +325,34 @@ class PlanApprovalGate:
         reply: GatePlan = self.node.request(self.address, GatePending(), timeout=self.timeout)
         return reply.plan
 
+    def pending_plan_future(self) -> concurrent.futures.Future[Any]:
+        future = self.node.request_future(self.address, GatePending(), timeout=self.timeout)
+        return chained(future, lambda reply: reply.plan)
+
     def _decide(self, approved: bool, reason: str | None, plan_id: str) -> bool:
         message = GateDecide(approved=approved, reason=reason, plan_id=plan_id)
         reply: GateDecided = self.node.request(self.address, message, timeout=self.timeout)
         return reply.decided
 
+    def _decide_future(
+        self, approved: bool, reason: str | None, plan_id: str
+    ) -> concurrent.futures.Future[Any]:
+        message = GateDecide(approved=approved, reason=reason, plan_id=plan_id)
+        future = self.node.request_future(self.address, message, timeout=self.timeout)
+        return chained(future, lambda reply: reply.decided)
+
     def approve(self, plan_id: str = "") -> bool:
         """Approve the pending plan (or the one ``plan_id`` names); False if nothing was waiting."""
         return self._decide(True, None, plan_id)
 
+    def approve_future(self, plan_id: str = "") -> concurrent.futures.Future[Any]:
+        return self._decide_future(True, None, plan_id)
+
     def reject(self, reason: str, plan_id: str = "") -> bool:
         return self._decide(False, reason, plan_id)
+
+    def reject_future(self, reason: str, plan_id: str = "") -> concurrent.futures.Future[Any]:
+        return self._decide_future(False, reason, plan_id)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address!r})"

@@ -494,6 +494,21 @@ class ConversationRuntime:
         ``PermissionHookActor`` this facade starts) or the address of one in any process; None removes it.
         A hook that raises, takes longer than ``hook_timeout`` seconds or cannot be reached denies the call
         (fail closed) unless ``fail_open``."""
+        self._call(self._permission_hook(hook, hook_timeout, fail_open), timeout, _none)
+
+    def set_permission_hook_future(
+        self,
+        hook: PermissionHook | str | None,
+        *,
+        hook_timeout: float = 30.0,
+        fail_open: bool = False,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(self._permission_hook(hook, hook_timeout, fail_open), timeout, _none)
+
+    def _permission_hook(
+        self, hook: PermissionHook | str | None, hook_timeout: float, fail_open: bool
+    ) -> SetPermissionHook:
         address: str | None
         if hook is None or isinstance(hook, str):
             address = hook
@@ -502,8 +517,7 @@ class ConversationRuntime:
             self.node.spawn(PermissionHookActor, name, hook=hook)
             self._owned.append((self.node, name))
             address = f"{self.node.name}/{name}"
-        message = SetPermissionHook(address=address, timeout=hook_timeout, fail_open=fail_open)
-        self._call(message, timeout, _none)
+        return SetPermissionHook(address=address, timeout=hook_timeout, fail_open=fail_open)
 
     def set_sdk_hook_forwarder(
         self,
@@ -516,6 +530,20 @@ class ConversationRuntime:
         ``forwarder`` as ``hook_callback`` requests (hooks.py; PH-04), each bounded by ``callback_timeout``:
         an object with ``forward(hook_event, payload)`` (served by a ``HookForwarderActor`` this facade
         starts) or the address of one in any process. ``None`` removes it."""
+        self._call(self._hook_forwarder(forwarder, callback_timeout), timeout, _none)
+
+    def set_sdk_hook_forwarder_future(
+        self,
+        forwarder: SdkHookForwarder | str | None,
+        *,
+        callback_timeout: float = 30.0,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(self._hook_forwarder(forwarder, callback_timeout), timeout, _none)
+
+    def _hook_forwarder(
+        self, forwarder: SdkHookForwarder | str | None, callback_timeout: float
+    ) -> SetSdkHookForwarder:
         address: str | None
         if forwarder is None or isinstance(forwarder, str):
             address = forwarder
@@ -524,15 +552,21 @@ class ConversationRuntime:
             self.node.spawn(HookForwarderActor, name, forwarder=forwarder)
             self._owned.append((self.node, name))
             address = f"{self.node.name}/{name}"
-        self._call(SetSdkHookForwarder(address=address, timeout=callback_timeout), timeout, _none)
+        return SetSdkHookForwarder(address=address, timeout=callback_timeout)
 
     def hook_stats(self, *, timeout: float | None = None) -> HookStats:
         """How many hook callbacks were sent, and how many failed (timed out, raised, unreachable)."""
         return self._call(GetHookStats(), timeout)  # type: ignore[no-any-return]
 
+    def hook_stats_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(GetHookStats(), timeout)
+
     def pending_permissions(self, *, timeout: float | None = None) -> tuple[PermissionRequest, ...]:
         """The calls waiting for a person (``ask``), each with its key (answered at once, mid-turn too)."""
         return self._call(GetPendingPermissions(), timeout, lambda r: r.requests)  # type: ignore[no-any-return]
+
+    def pending_permissions_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(GetPendingPermissions(), timeout, lambda r: r.requests)
 
     def answer_permission(
         self,
@@ -547,12 +581,32 @@ class ConversationRuntime:
         message = AnswerPermission(key=key, allow=allow, reason=reason, updated_input=updated_input)
         return self._call(message, timeout, lambda r: r.decided)  # type: ignore[no-any-return]
 
+    def answer_permission_future(
+        self,
+        key: str,
+        allow: bool,
+        reason: str | None = None,
+        *,
+        updated_input: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        message = AnswerPermission(key=key, allow=allow, reason=reason, updated_input=updated_input)
+        return self._future(message, timeout, lambda r: r.decided)
+
     def set_plan_mode(self, on: bool, *, timeout: float | None = None) -> None:
         """Turn plan mode on or off (a command, journaled): while on, tools registered mutating are denied."""
         self._call(SetPlanMode(on=on), timeout, _none)
 
+    def set_plan_mode_future(
+        self, on: bool, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(SetPlanMode(on=on), timeout, _none)
+
     def plan_mode(self, *, timeout: float | None = None) -> bool:
         return self._call(GetTodos(), timeout, lambda r: r.plan_mode)  # type: ignore[no-any-return]
+
+    def plan_mode_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._future(GetTodos(), timeout, lambda r: r.plan_mode)
 
     def _gate(self, cls: type[PlanApprovalGate], suffix: str) -> PlanApprovalGate:
         gate = self._gates.get(suffix)
@@ -573,16 +627,28 @@ class ConversationRuntime:
         nothing is pending (PG-08)."""
         return self.plan_approval_gate().approve()
 
+    def confirm_plan_future(self) -> concurrent.futures.Future[Any]:
+        return self.plan_approval_gate().approve_future()
+
     def reject_plan(self, reason: str) -> bool:
         """Reject the pending plan with ``reason`` (PG-04): the tool returns the reason, the transcript gets a
         user message with it, plan mode stays on."""
         return self.plan_approval_gate().reject(reason)
 
+    def reject_plan_future(self, reason: str) -> concurrent.futures.Future[Any]:
+        return self.plan_approval_gate().reject_future(reason)
+
     def approve_plan_mode_request(self) -> bool:
         return self.plan_mode_request_gate().approve()  # PG-05
 
+    def approve_plan_mode_request_future(self) -> concurrent.futures.Future[Any]:
+        return self.plan_mode_request_gate().approve_future()
+
     def reject_plan_mode_request(self, reason: str) -> bool:
         return self.plan_mode_request_gate().reject(reason)  # PG-06
+
+    def reject_plan_mode_request_future(self, reason: str) -> concurrent.futures.Future[Any]:
+        return self.plan_mode_request_gate().reject_future(reason)
 
     def current_todos(self, *, timeout: float | None = None) -> list[TodoItem]:
         """A copy of the current todo list (TD-01), answered mid-turn (TD-04); ``[]`` if the conversation
@@ -592,6 +658,23 @@ class ConversationRuntime:
         except (BusError, concurrent.futures.TimeoutError):
             return []
 
+    def current_todos_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        """``current_todos`` as a future: it resolves to ``[]`` (never fails) when the conversation cannot be
+        asked (TD-03)."""
+        inner = self.node.request_future(
+            self.address, GetTodos(), timeout=timeout if timeout is not None else 5.0
+        )
+        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            if not outer.set_running_or_notify_cancel():
+                return
+            error = fut.exception()
+            outer.set_result([] if error is not None else list(fut.result().todos))
+
+        inner.add_done_callback(done)
+        return outer
+
     def kernel(self, *, timeout: float | None = None) -> KernelInfo:
         """The kernel that runs this conversation's turns (CV-08): the conversation actor's ``KernelHost``
         (each turn is one ``run_session`` with it as the session host), described by its address, tool host
@@ -599,6 +682,20 @@ class ConversationRuntime:
         if self._kernel is None:
             self._kernel = self._call(GetKernel(), timeout)
         return self._kernel
+
+    def kernel_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        """``kernel`` as a future: the same object as ``kernel()`` once this facade has asked (CV-08)."""
+        if self._kernel is not None:
+            known: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            known.set_result(self._kernel)
+            return known
+
+        def keep(info: KernelInfo) -> KernelInfo:
+            if self._kernel is None:
+                self._kernel = info
+            return self._kernel
+
+        return self._future(GetKernel(), timeout, keep)
 
     # ------------------------------------------------------------------------------------ lifetime
     def stop(self, *, timeout: float = STOP_TIMEOUT) -> None:

@@ -48,12 +48,14 @@ class ToolRegistryError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolSpec:
-    """What the model is told about one tool: its name, description and JSON-schema parameters."""
+    """What the model is told about one tool: its name, description and JSON-schema parameters; and
+    ``mutating``, the flag it was registered with (the model is not told it: plan mode denies such a tool)."""
 
     TAG: ClassVar[str] = "conv.tool_spec"
     name: str
     description: str
     parameters: JsonValue
+    mutating: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,6 +218,7 @@ class ToolRegistry:
             name=tool_name,
             description=description if description is not None else summary,
             parameters={"type": "object", "properties": properties, "required": required},
+            mutating=mutating,
         )
         self._tools[tool_name] = _Tool(
             spec,

@@ -1,6 +1,7 @@
-"""People in the loop across processes over ipc (issue 13): a plan approved from another process while the
-turn waits (PG-02), a conversation process SIGKILLed with a plan pending and decided once after resume, and a
-permission hook in a process that was SIGKILLed (fail closed: the call is denied and does not run)."""
+"""People in the loop across processes over ipc (issue 13): a plan approved or rejected from another process
+while the turn waits (PG-02), a conversation process SIGKILLed with a plan pending and decided once after
+resume, and a permission hook in a process that was SIGKILLed (fail closed: the call is denied and does not
+run)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def client_node(make_node: Callable[..., Node], ipc_dir: Path) -> Node:
     node.connect(node.peers()["brain"], wait=20)
     return node
 
+
 PLAN = [{"call": {"name": "exit_plan_mode", "arguments": {"plan": "1. look\n2. change"}}, "id": "p1"}]
 
 
@@ -51,22 +53,31 @@ def wait_pending(rt: ConversationRuntime) -> str:
     raise AssertionError("no plan became pending")
 
 
-def test_a_plan_is_approved_from_another_process_while_the_turn_waits(
-    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node]
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+def test_a_plan_is_decided_from_another_process_while_the_turn_waits(
+    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node], approve: bool
 ) -> None:
-    """PG-02/PG-03 across processes: the turn waits in exit_plan_mode in the conversation's process; this
-    process sees the plan through the gate's address and approves it; the turn goes on, plan mode ends."""
-    scripts = [[*PLAN, {"text": "approved, going on"}]]
+    """PG-02/PG-03/PG-04 across processes: the turn waits in exit_plan_mode in the conversation's process;
+    this process sees the plan through the gate's address and approves it (the turn goes on, plan mode
+    ends) or rejects it (the tool gets the reason, the transcript a user message with it, plan mode stays
+    on)."""
+    scripts = [[*PLAN, {"text": "going on"}]]
     session = session_peer(spawn_peer, ipc_dir, "--scripts", json.dumps(scripts), "--people", "--plan-mode")
     node = client_node(make_node, ipc_dir)
     rt = ConversationRuntime.connect(node, session.info["address"], timeout=WAIT)
     future = rt.run_future("make a plan")
     assert wait_pending(rt) == "1. look\n2. change"
     assert not future.done()
-    assert rt.plan_approval_gate().approve() is True
-    assert future.result(WAIT).final_text == "approved, going on"
-    assert json.loads(next(m for m in rt.transcript() if m.role == "tool").content) == {"approved": True}
-    assert rt.plan_mode() is False
+    gate = rt.plan_approval_gate()
+    assert (gate.approve() if approve else gate.reject("smaller steps")) is True
+    assert future.result(WAIT).final_text == "going on"
+    result = json.loads(next(m for m in rt.transcript() if m.role == "tool").content)
+    if approve:
+        assert result == {"approved": True} and rt.plan_mode() is False
+    else:
+        assert result == {"approved": False, "reason": "smaller steps"} and rt.plan_mode() is True
+        last = rt.transcript()[-1]
+        assert last.role == "user" and "smaller steps" in last.content
 
 
 def test_sigkill_with_a_plan_pending_then_resume_and_decide_once(
