@@ -539,12 +539,14 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         self.ask(self.config.host, restore, restored, timeout=HOST_TIMEOUT)
 
     # ------------------------------------------------------------------------------------ turns
-    def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None:
-        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step)."""
+    def _start_turn(self, text: str, answer: Callable[[Any], None], *, goal: str | None = None) -> None:
+        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step).
+        ``goal``: the id of the goal loop the turn belongs to (journaled with it, so a resume counts it)."""
         index = self._turn_index
         user = Message.user(text)
         user_at = len(self._transcript)
-        self._write("the user message", lambda j: j.turn_started(index, user_at, user))  # before any effect
+        # before any effect
+        self._write("the user message", lambda j: j.turn_started(index, user_at, user, goal=goal))
         self._turn_index += 1  # CV-05: a turn counts once started
         self._transcript.append(user)  # CV-01 (its event follows the turn, CV-09)
         self._forward("UserPromptSubmit", {"hook_event_name": "UserPromptSubmit", "prompt": text}, None)
