@@ -550,7 +550,7 @@ class _LoopsReader:
             self.slots.pop(str(r["slot"]), None)
             self.firing.discard(str(r["slot"]))
         elif kind == "job_started":
-            self.running[str(r["job_id"])] = str(r["command"])
+            self.running[str(r["job_id"])] = str(r.get("runner", ""))  # asked again on resume
         elif kind == "job_finished":
             job = job_from_json(r["job"])
             self.running.pop(job.job_id, None)

@@ -367,3 +367,37 @@ def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) ->
     assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42"
     refused = next(e for e in env.sink.of(ToolCallFinished) if e.call_id == "j2")
     assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
+
+
+def test_a_job_that_finished_while_the_conversation_was_down_is_delivered_once_as_finished(
+    env: Env, tmp_path: Path
+) -> None:
+    """The conversation crashes while its job runs (the session file copied as a SIGKILL leaves it: a
+    ``job_started`` and no ``job_finished``); the job then finishes on its runner. The resumed conversation
+    asks that runner (the address journaled with the job) and delivers the completion once, with its exit
+    status and output: it was not lost."""
+    path = tmp_path / "s.jsonl"
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"read x < {fifo}; echo finished-42", "j1"), text("started"))
+    rt.run("start")
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    assert len(read_journal(crashed).loops.jobs_running) == 1
+    rt.stop()
+    with fifo.open("w") as release:  # the job ends now, with no conversation to tell
+        release.write("go\n")
+    job_id = next(iter(read_journal(crashed).loops.jobs_running))
+    rt2 = env.build(session_file=crashed)
+    rt2.register_job_tools(manager)
+    done = env.sink.wait_for(lambda e: isinstance(e, JobFinished) and e.job_id == job_id and not e.lost)
+    assert done.exit_code == 0
+    slot2 = WakeupSlot("s2")
+    rt2.register_wakeup_tool(slot2)
+    env.script(text("t1"))
+    env.script(text("delivered"))
+    outcomes = rt2.run_event_loop("go", slot2, manager)
+    assert [o.final_text for o in outcomes] == ["t1", "delivered"]
+    delivered = [u for u in users(rt2) if u.startswith("[Background job")]
+    assert len(delivered) == 1 and "(exit 0)" in delivered[0] and "finished-42" in delivered[0]
