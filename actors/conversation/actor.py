@@ -183,6 +183,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 journal.session(self._conversation_id)
             self._journal = journal
         self._init_loops(restored.loops if restored is not None else None)
+        self._init_wakeups(restored.loops if restored is not None else None)
         self._init_jobs(restored.loops if restored is not None else None)
         self._start_gates()  # before build() returns: the gates answer from the start
 
@@ -320,6 +321,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         self._stop_gates()
         if self._journal is not None:
             self._journal.close()
+        self._close_wakeups()
         super().on_stop()
 
     # ---------------------------------------------------------------------------------- helpers
@@ -654,6 +656,13 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                     record(ToolExecution(ok=False, text=denial_text(decision.reason)))
                     return
                 arguments = merge_input(json.loads(call.arguments), decision.updated_input)
+                local = self._local_tool(call.name, dict(arguments), call.key)  # by the same key
+                if isinstance(local, ToolExecution):
+                    record(local)
+                    return
+                if local is not None:
+                    local(record)
+                    return
                 self.ask(
                     self.config.host,
                     ExecuteTool(name=call.name, arguments=arguments, idempotency_key=call.key),

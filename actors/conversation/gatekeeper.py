@@ -138,6 +138,7 @@ class Gatekeeper:
         def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes: ...
         def _emit(self, event: Any) -> None: ...
         def _append(self, message: Message) -> None: ...
+        def _local_mutating(self) -> frozenset[str]: ...
 
     def _people_init(self, people: PeopleState | None) -> None:
         self._people = people or PeopleState()
@@ -215,7 +216,9 @@ class Gatekeeper:
 
             self.ask(self.config.host, ListTools(), listed, timeout=self.config.tool_timeout)
             return
-        mutating = self._mutating is not None and pending.name in self._mutating
+        mutating = pending.name in self._local_mutating() or (
+            self._mutating is not None and pending.name in self._mutating
+        )
         if people.plan_mode and mutating:
             reason = (
                 f"plan mode is on: {pending.name} changes files or the world, so it cannot run until a plan "

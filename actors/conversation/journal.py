@@ -25,8 +25,9 @@ crash between a turn's end and its ``goal_turn`` cannot lose one, and a resumed 
 ``max_turns``), ``goal_turn`` {turns, tokens_used} (a goal-loop turn ended: written before the judge is
 asked), ``goal_verdict`` {turns, achieved, reason,
 impossible}, ``goal_achieved`` {turns, reason}, ``goal_cleared`` {reason}; ``loop_started`` {slot,
-initial_goal, jobs} and ``loop_ended`` {slot}; ``wakeup_scheduled`` {slot, due, delay_s, prompt, reason}
-(``due`` the absolute time on the conversation's clock), ``wakeup_fired`` {slot, due} (written just before
+initial_goal, jobs} and ``loop_ended`` {slot}; ``wakeup_scheduled`` {slot, due, delay_s, prompt, reason, key}
+(``due`` the absolute time on the conversation's clock; ``key`` the idempotency key of the
+``schedule_wakeup`` call that set it, or empty), ``wakeup_fired`` {slot, due} (written just before
 the wakeup's turn starts: a wakeup counts as consumed only once a ``turn_started`` follows it, so a crash
 between the two fires it again, once), ``wakeup_taken`` {slot} (discarded or read out) and
 ``wakeup_cancelled`` {slot, reason}; ``job_started`` {job_id, command}, ``job_finished`` {job} (the
@@ -297,6 +298,7 @@ class LoopsRestored:
     goal_reason: str | None = None
     loop: tuple[str, str, str | None] | None = None
     slots: dict[str, Wakeup] = field(default_factory=dict)
+    slot_keys: dict[str, str] = field(default_factory=dict)  # the key of the call that set each slot
     jobs_running: dict[str, str] = field(default_factory=dict)
     undelivered: tuple[CompletedJob, ...] = ()
 
@@ -469,6 +471,7 @@ class _LoopsReader:
         self.reason: str | None = None
         self.loop: tuple[str, str, str | None] | None = None
         self.slots: dict[str, Wakeup] = {}
+        self.slot_keys: dict[str, str] = {}
         self.firing: set[str] = set()
         self.running: dict[str, str] = {}
         self.finished: dict[str, CompletedJob] = {}
@@ -544,6 +547,7 @@ class _LoopsReader:
                 due=float(r["due"]),
             )
             self.firing.discard(str(r["slot"]))
+            self.slot_keys[str(r["slot"])] = str(r.get("key", ""))
         elif kind == "wakeup_fired":
             self.firing.add(str(r["slot"]))
         elif kind in ("wakeup_taken", "wakeup_cancelled"):
@@ -567,6 +571,7 @@ class _LoopsReader:
             goal_reason=self.reason,
             loop=self.loop,
             slots=dict(self.slots),
+            slot_keys={s: k for s, k in self.slot_keys.items() if s in self.slots},
             jobs_running=dict(self.running),
             undelivered=tuple(self.finished.values()),
         )

@@ -187,6 +187,10 @@ class KernelHost(BusActor):
         function that starts it and later calls ``finished(result)``; None: a tool of the tool host."""
         return None
 
+    def _local_mutating(self) -> frozenset[str]:
+        """The names of the tools ``_local_tool`` runs that plan mode denies (wakeups.py)."""
+        return frozenset()
+
     def _permit(self, pending: PendingCall, arguments: dict[str, Any], then: Callable[[Any], None]) -> None:
         """The permission layer (gatekeeper.py): ``then(decision)`` once the call may run or is denied."""
         raise NotImplementedError

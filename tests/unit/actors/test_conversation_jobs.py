@@ -401,3 +401,73 @@ def test_a_job_that_finished_while_the_conversation_was_down_is_delivered_once_a
     assert [o.final_text for o in outcomes] == ["t1", "delivered"]
     delivered = [u for u in users(rt2) if u.startswith("[Background job")]
     assert len(delivered) == 1 and "(exit 0)" in delivered[0] and "finished-42" in delivered[0]
+
+
+def cut_after(path: Path, kind: str) -> None:
+    """Cut the session file right after its last record of ``kind``: what a SIGKILL leaves at that point."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    last = max(n for n, line in enumerate(lines) if json.loads(line)["type"] == kind)
+    path.write_text("\n".join(lines[: last + 1]) + "\n")
+
+
+def test_a_start_job_repeated_by_its_key_answers_the_stored_result_and_starts_nothing(
+    env: Env, tmp_path: Path
+) -> None:
+    """The loops' tools go through the conversation's effect store: the process dies after start_job ran
+    (its result stored) and before the result was journaled; continue_turn asks the call again by the same
+    key, and gets the stored result: the job is not started a second time, even on a runner that no longer
+    knows it (a restarted one)."""
+    path = tmp_path / "s.jsonl"
+    marks = tmp_path / "marks"
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"echo run >> {marks}", "j1"), text("ok"))
+    rt.run("start")
+    finished(env, 1)
+    rt.stop()
+    cut_after(path, "job_started")
+    assert read_journal(path).interrupted is not None
+    runner = env.node.lookup(manager.address.split("/", 1)[1])
+    assert runner is not None
+    runner.stop()
+    env.node.spawn(JobRunnerActor, manager.address.split("/", 1)[1])  # a new runner: it knows no job
+    rt2 = env.build(session_file=path)
+    rt2.register_job_tools(manager)
+    env.script(text("continued"))
+    outcome = rt2.continue_turn()
+    assert outcome.final_text == "continued"
+    results = [m for m in rt2.transcript() if m.role == "tool"]
+    assert len(results) == 1 and results[0].content.startswith("started background job job-")
+    assert marks.read_text().splitlines() == ["run"]
+    assert [r["type"] for r in records(path)].count("job_started") == 1
+
+
+def test_plan_mode_denies_start_job_and_stop_job_and_allows_job_status_and_schedule_wakeup(
+    env: Env, tmp_path: Path
+) -> None:
+    """PH/plan mode: the loops' own tools are registered with a mutating flag: start_job and stop_job are
+    denied while plan mode is on; job_status (reads) and schedule_wakeup (the conversation's own slot) run."""
+    marks = tmp_path / "marks"
+    rt, slot, _, clock = setup(env, tmp_path, plan_mode=True)
+    env.script(
+        start(f"echo run >> {marks}", "j1"),
+        call("stop_job", "s1", job_id="job-x"),
+        call("job_status", "q1", job_id="job-x"),
+        call("schedule_wakeup", "w1", delay_seconds=5),
+        text("planned"),
+    )
+    env.script(text("woken"))
+    future = rt.run_loop_future("plan", slot)
+    clock.wait_timer()
+    clock.advance(5)
+    future.result(WAIT)
+    results = {m.tool_call_id: m for m in rt.transcript() if m.role == "tool"}
+    assert results["j1"].is_error and results["j1"].content.startswith("Permission denied: plan mode is on")
+    assert results["s1"].is_error and results["s1"].content.startswith("Permission denied: plan mode is on")
+    assert results["q1"].content == "job_status: no job 'job-x'"  # it ran (and found nothing)
+    assert not results["w1"].is_error and results["w1"].content.startswith("wakeup scheduled")
+    assert not marks.exists()
+    assert env.sink.of(JobStarted) == []
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

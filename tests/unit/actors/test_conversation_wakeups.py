@@ -205,6 +205,7 @@ def test_the_wakeup_is_on_disk_with_its_due_time_before_the_model_hears_of_it(
     future = rt.run_loop_future("go", slot)
     clock.wait_timer()
     scheduled = [r for r in records(path) if r["type"] == "wakeup_scheduled"]
+    assert scheduled[0].pop("key").endswith(":w1")  # the schedule_wakeup call's idempotency key
     assert scheduled == [
         {
             "type": "wakeup_scheduled",
