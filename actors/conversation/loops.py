@@ -9,9 +9,11 @@ budget (``max_turns``, or the optional token budget), ask the evaluator, stop wh
 otherwise continue with ``AUTO_PROMPT``. The default evaluator is a *judge run*: one kernel run of mode
 "judge" on the Router (the session's model unless configured), without the conversation's tools, given the
 condition and ``transcript_tail(goal_judge_tail)``; it must answer ``{achieved, reason, impossible}`` by
-calling its one tool ``goal_verdict`` (the ``local`` provider generates the arguments under a JSON grammar)
-or as a JSON text. An answer that does not parse, or a judge past ``judge_timeout`` (the run is cancelled),
-is "not achieved" with a reason that says so. Each judge call is a Router provider turn with its own receipt.
+calling its one tool ``goal_verdict`` or as a JSON text; the turn carries ``VERDICT_SCHEMA`` as its response
+schema, so a provider that can constrain its output (``local``: a grammar; ``openai``: ``response_format``)
+answers a verdict that parses, and one that cannot ignores it. An answer that does not parse, or a judge
+past ``judge_timeout`` (the run is cancelled), is "not achieved" with a reason that says so. Each judge call
+is a Router provider turn with its own receipt.
 Every change is journaled before it is acted on: a runtime resumed from its session file knows its goal and
 its turn count, and ``run_goal_loop`` on the same condition continues the crashed loop. The count is derived
 from the turns themselves (each loop turn's ``turn_started`` carries the loop's ``goal_id``; a turn counts
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AUTO_PROMPT",
     "GOAL_JUDGE_TAIL",
+    "VERDICT_SCHEMA",
     "GoalEvaluator",
     "LoopsMixin",
     "RealTimers",
@@ -78,6 +81,18 @@ __all__ = [
 GOAL_JUDGE_TAIL = 20  # GL-09
 AUTO_PROMPT = "Continue working toward the goal: {condition}\nEvaluator feedback: {reason}"  # GL-10
 JUDGE_TIMEOUT = 120.0
+# The verdict's JSON schema, sent with the judge's turn: a provider that can constrain its output to a schema
+# (local: a llama.cpp grammar; openai: response_format json_schema) can only answer a verdict that parses.
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "achieved": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "impossible": {"type": "boolean"},
+    },
+    "required": ["achieved", "reason", "impossible"],
+    "additionalProperties": False,
+}
 JUDGE_TOOL_DESCRIPTION = (
     'Record your verdict. Call with {"name": "goal_verdict", "arguments": {"achieved": <true or false>, '
     '"reason": "<one sentence: why>", "impossible": <true or false>}}.\n'
@@ -392,7 +407,14 @@ class LoopsMixin:
     ) -> None:
         """The default evaluator: one judge run on the Router (one provider turn, one receipt)."""
         model = self.config.judge_model or self._model
-        run = KernelRun("judge", "", model, judge_prompt(condition, tail), JUDGE_TOOL_DESCRIPTION)
+        run = KernelRun(
+            "judge",
+            "",
+            model,
+            judge_prompt(condition, tail),
+            JUDGE_TOOL_DESCRIPTION,
+            response_schema=VERDICT_SCHEMA,
+        )
         seq = self._next_seq()
         ref = self.actor_ref
         timeout = self.config.judge_timeout

@@ -22,7 +22,7 @@ from peers.conversation_kit import WAIT, Env, call, env_fixture, text
 from peers.loop_kit import FakeEvaluator, ManualClock, kinds, no, yes
 
 from actors.conversation import CancellationToken, FinishReason, Message, read_journal
-from actors.conversation.loops import AUTO_PROMPT, parse_verdict
+from actors.conversation.loops import AUTO_PROMPT, VERDICT_SCHEMA, parse_verdict
 from actors.conversation.types import (
     GoalAchieved,
     GoalCleared,
@@ -338,6 +338,8 @@ def test_the_judge_sees_the_condition_and_the_tail_and_each_call_has_one_receipt
     assert goal_events(env)[-1] == GoalAchieved(
         condition="hello.txt has text", turns=2, reason="the file has text"
     )
+    assert env.p1.turns[1].response_schema == VERDICT_SCHEMA  # the judge's turn carries the schema
+    assert env.p1.turns[0].response_schema is None and env.p1.turns[2].response_schema is None
     judge_input = env.p1.turns[1].messages[-1].content
     assert "<condition>\nhello.txt has text\n</condition>" in judge_input
     assert "I wrote hello.txt" in judge_input
