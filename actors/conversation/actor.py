@@ -98,6 +98,7 @@ from actors.conversation.types import (
     RuntimeOutcome,
     SessionEnd,
     TurnFinished,
+    WakeupCancelled,
 )
 from actors.conversation.wakeups import WakeupsMixin
 from actors.router.messages import ResolveModel, TurnTextDelta
@@ -288,6 +289,8 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
             ):
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
+                if isinstance(message, CloseSession):
+                    self._wake_closing()  # a sleeping wakeup loop ends now: the session is over
                 return DEFER
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
@@ -488,6 +491,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
 
             self._write("a wakeup's cancel", cancelled)
             del self._slots[slot]
+            self._emit(WakeupCancelled(slot=slot, reason="closed"))
         self._stop_jobs(lambda: self._close_hooks(last, ctx))  # closing ends the jobs' process groups
 
     def _close_hooks(self, last: RuntimeOutcome | None, ctx: Context) -> None:

@@ -7,7 +7,8 @@ goal). The slot lives in the conversation actor; ``schedule_wakeup`` is a tool t
 (``RegisterWakeupTool``), so the wakeup is journaled (``wakeup_scheduled`` with its due time) before the model
 hears "scheduled", and a call outside a running loop is an error result. A loop resumed after a crash fires a
 past-due wakeup once and waits for one still ahead. Cancelling the loop (the interrupt token, also during the
-sleep), a cancelled turn, its end, and closing the conversation cancel its pending wakeup.
+sleep), a cancelled turn, its end, and closing the conversation cancel its pending wakeup (a ``close`` that
+arrives while the loop sleeps ends the loop at once, then runs).
 
 The loops' own tools (``schedule_wakeup`` and the job tools, jobs.py) run here, in the conversation actor, and
 like every other tool each call runs at most once per idempotency key: ``_local_tool`` claims the call's key
@@ -315,6 +316,15 @@ class WakeupsMixin:
             self._slots[loop.slot] = loop.sleeping
             loop.sleeping = None
             self._end_loop(loop, None, "cancelled")
+
+    def _wake_closing(self) -> None:
+        """``close`` arrived while the loop sleeps: the session is over, so the loop ends now (its wakeup
+        cancelled, reason "closed") and the close, a command queued behind it (CL-05), runs next."""
+        loop = self._wake
+        if loop is not None and loop.sleeping is not None:
+            self._slots[loop.slot] = loop.sleeping
+            loop.sleeping = None
+            self._end_loop(loop, None, "closed")
 
     def _end_loop(self, loop: _WakeLoop, error: BaseException | None, why: str) -> None:
         if loop.cancel_timer is not None:

@@ -296,3 +296,23 @@ def test_a_wakeup_fired_but_not_yet_turned_fires_again_once(tmp_path: Path) -> N
             + "\n"
         )
     assert read_journal(path).loops.slots == {}
+
+
+def test_close_during_the_sleep_ends_the_loop_and_cancels_its_wakeup(env: Env, tmp_path: Path) -> None:
+    """Closing the conversation while its loop sleeps on a 1 h wakeup: the loop returns its outcomes at
+    once, the wakeup is cancelled (event, journal, no timer left), then close runs; nothing fires later."""
+    clock = ManualClock()
+    path = tmp_path / "s.jsonl"
+    rt, slot = build(env, clock, session_file=path)
+    env.script(wake(3600), text("sleeping"))
+    env.script(text("must not run"))
+    future = rt.run_loop_future("go", slot)
+    clock.wait_timer()
+    rt.close(timeout=WAIT)
+    assert len(future.result(WAIT)) == 1
+    assert clock.pending() == 0
+    clock.advance(7200)
+    assert len(env.p1.turns) == 1
+    cancelled = env.sink.wait_for(lambda e: isinstance(e, WakeupCancelled))
+    assert (cancelled.slot, cancelled.reason) == ("s1", "closed")
+    assert read_journal(path).loops.slots == {} and read_journal(path).loops.loop is None
