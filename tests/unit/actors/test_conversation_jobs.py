@@ -471,3 +471,51 @@ def test_plan_mode_denies_start_job_and_stop_job_and_allows_job_status_and_sched
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def forget_outcomes(effects: Path) -> None:
+    """The loops' effect store as a crash between a call's run and its stored outcome leaves it: the
+    intent rows stay, their outcomes are gone (the row is claimed, never settled)."""
+    import sqlite3
+
+    db = sqlite3.connect(effects)
+    try:
+        db.execute("UPDATE effects SET tag = NULL, outcome = NULL, finished_at = NULL")
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("runner_restarted", [False, True])
+def test_a_start_job_cut_off_before_its_outcome_is_never_started_again(
+    env: Env, tmp_path: Path, runner_restarted: bool
+) -> None:
+    """start_job ran (the job started) and the process died before its outcome was stored: continue_turn
+    by the same key asks the runner. A runner that knows the job: "started"; one that does not (it was
+    restarted): "outcome unknown", naming the job id. Either way the job is not started a second time."""
+    path = tmp_path / "s.jsonl"
+    marks = tmp_path / "marks"
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"echo run >> {marks}", "j1"), text("ok"))
+    rt.run("start")
+    finished(env, 1)
+    rt.stop()
+    cut_after(path, "job_started")
+    forget_outcomes(path.with_name(path.name + ".loops.sqlite3"))
+    if runner_restarted:
+        name = manager.address.split("/", 1)[1]
+        runner = env.node.lookup(name)
+        assert runner is not None
+        runner.stop()
+        env.node.spawn(JobRunnerActor, name)
+    rt2 = env.build(session_file=path)
+    rt2.register_job_tools(manager)
+    env.script(text("continued"))
+    rt2.continue_turn()
+    result = next(m for m in rt2.transcript() if m.role == "tool")
+    if runner_restarted:
+        assert result.is_error and result.content.startswith("outcome unknown: tool 'start_job'")
+        assert "its job id would be job-" in result.content
+    else:
+        assert not result.is_error and result.content.startswith("started background job job-")
+    assert marks.read_text().splitlines() == ["run"]

@@ -316,3 +316,34 @@ def test_close_during_the_sleep_ends_the_loop_and_cancels_its_wakeup(env: Env, t
     cancelled = env.sink.wait_for(lambda e: isinstance(e, WakeupCancelled))
     assert (cancelled.slot, cancelled.reason) == ("s1", "closed")
     assert read_journal(path).loops.slots == {} and read_journal(path).loops.loop is None
+
+
+def test_a_schedule_wakeup_cut_off_before_its_outcome_answers_from_the_journal(
+    env: Env, tmp_path: Path
+) -> None:
+    """schedule_wakeup journaled its wakeup and the process died before the call's outcome was stored:
+    continue_turn by the same key finds that wakeup (journaled with the key, still in its slot) and answers
+    "scheduled" without scheduling it again."""
+    import sqlite3
+
+    clock = ManualClock()
+    path = tmp_path / "s.jsonl"
+    rt, slot = build(env, clock, session_file=path)
+    env.script(wake(60), text("sleeping"))
+    future = rt.run_loop_future("go", slot)
+    clock.wait_timer()
+    rt.stop()
+    future.exception(WAIT)
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    last = max(n for n, line in enumerate(lines) if json.loads(line)["type"] == "wakeup_scheduled")
+    path.write_text("\n".join(lines[: last + 1]) + "\n")
+    db = sqlite3.connect(path.with_name(path.name + ".loops.sqlite3"))
+    db.execute("UPDATE effects SET tag = NULL, outcome = NULL, finished_at = NULL")
+    db.commit()
+    db.close()
+    rt2, _ = build(env, clock, session_file=path)
+    env.script(text("continued"))
+    rt2.continue_turn()
+    result = next(m for m in rt2.transcript() if m.role == "tool")
+    assert not result.is_error and result.content == "wakeup scheduled in 60s (due at 1000060.000)"
+    assert [r["type"] for r in records(path)].count("wakeup_scheduled") == 1
