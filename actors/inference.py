@@ -100,6 +100,8 @@ class PreparedRound:
     reasoning_effort: str
     tool_description: str
     timeout: float | None
+    # a JSON schema the answer must follow, where the provider can constrain it (the goal judge's verdict)
+    response_schema: dict[str, JsonValue] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -338,6 +340,7 @@ def start_turn_of(request: SessionInferenceRequest, *, ephemeral: bool = False) 
         continuation=prepared.continuation,
         timeout_s=prepared.timeout,
         ephemeral=ephemeral,
+        response_schema=prepared.response_schema,
     )
 
 

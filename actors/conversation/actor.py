@@ -98,6 +98,7 @@ from actors.conversation.types import (
     RuntimeOutcome,
     SessionEnd,
     TurnFinished,
+    WakeupCancelled,
 )
 from actors.conversation.wakeups import WakeupsMixin
 from actors.router.messages import ResolveModel, TurnTextDelta
@@ -183,6 +184,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 journal.session(self._conversation_id)
             self._journal = journal
         self._init_loops(restored.loops if restored is not None else None)
+        self._init_wakeups(restored.loops if restored is not None else None)
         self._init_jobs(restored.loops if restored is not None else None)
         self._start_gates()  # before build() returns: the gates answer from the start
 
@@ -289,6 +291,8 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
             ):
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
+                if isinstance(message, CloseSession):
+                    self._wake_closing()  # a sleeping wakeup loop ends now: the session is over
                 return DEFER
         raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
 
@@ -322,6 +326,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         self._stop_gates()
         if self._journal is not None:
             self._journal.close()
+        self._close_wakeups()
         super().on_stop()
 
     # ---------------------------------------------------------------------------------- helpers
@@ -489,6 +494,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
 
             self._write("a wakeup's cancel", cancelled)
             del self._slots[slot]
+            self._emit(WakeupCancelled(slot=slot, reason="closed"))
         self._stop_jobs(lambda: self._close_hooks(last, ctx))  # closing ends the jobs' process groups
 
     def _close_hooks(self, last: RuntimeOutcome | None, ctx: Context) -> None:
@@ -542,12 +548,14 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         self.ask(self.config.host, restore, restored, timeout=HOST_TIMEOUT)
 
     # ------------------------------------------------------------------------------------ turns
-    def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None:
-        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step)."""
+    def _start_turn(self, text: str, answer: Callable[[Any], None], *, goal: str | None = None) -> None:
+        """One turn; ``answer(outcome or error)`` when it ends (a command's reply, or a loop's next step).
+        ``goal``: the id of the goal loop the turn belongs to (journaled with it, so a resume counts it)."""
         index = self._turn_index
         user = Message.user(text)
         user_at = len(self._transcript)
-        self._write("the user message", lambda j: j.turn_started(index, user_at, user))  # before any effect
+        # before any effect
+        self._write("the user message", lambda j: j.turn_started(index, user_at, user, goal=goal))
         self._turn_index += 1  # CV-05: a turn counts once started
         self._transcript.append(user)  # CV-01 (its event follows the turn, CV-09)
         self._forward("UserPromptSubmit", {"hook_event_name": "UserPromptSubmit", "prompt": text}, None)
@@ -655,6 +663,13 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                     record(ToolExecution(ok=False, text=denial_text(decision.reason)))
                     return
                 arguments = merge_input(json.loads(call.arguments), decision.updated_input)
+                local = self._local_tool(call.name, dict(arguments), call.key)  # by the same key
+                if isinstance(local, ToolExecution):
+                    record(local)
+                    return
+                if local is not None:
+                    local(record)
+                    return
                 self.ask(
                     self.config.host,
                     ExecuteTool(name=call.name, arguments=arguments, idempotency_key=call.key),

@@ -49,6 +49,7 @@ from actors.conversation.messages import (
 )
 from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import CompletedJob, JobFinished, JobStarted
+from actors.effects import EffectRecord, unknown_text
 from actors.subprocesses import run_bounded
 from transport.node import Node
 from transport.pending import Reply
@@ -64,6 +65,11 @@ OUTPUT_CAP = 16 * 1024
 JOB_TIMEOUT = 3600.0
 RUNNER_TIMEOUT = 30.0
 JOB_TOOLS = ("start_job", "job_status", "stop_job")
+
+
+def _job_id(key: str) -> str:
+    """A start_job call's job id: from its idempotency key, so stable across a resume and a retry."""
+    return "job-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
 def injected_text(job: CompletedJob) -> str:
@@ -321,7 +327,9 @@ class JobsMixin:
 
         def _emit(self, event: Any) -> None: ...
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
-        def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None: ...
+        def _start_turn(
+            self, text: str, answer: Callable[[Any], None], *, goal: str | None = ...
+        ) -> None: ...
         def _loop_turned(self, loop: _WakeLoop, result: Any) -> None: ...
         def ask(self, dst: str, message: Any, then: Callable[[Reply], None], **kwargs: Any) -> bytes: ...
 
@@ -405,11 +413,13 @@ class JobsMixin:
                 name=name,
                 description=description,
                 parameters={"type": "object", "properties": props, "required": list(props)},
+                mutating=name == "stop_job",  # plan mode denies it; job_status only reads
             )
 
         return (
             ToolSpec(
                 name="start_job",
+                mutating=True,
                 description=(
                     "Start a shell command (command) in the background, in the working directory, or a job "
                     "the runner offers by name (callable); you are told when it ends."
@@ -430,10 +440,34 @@ class JobsMixin:
             ),
         )
 
-    def _job_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
+    def _job_unknown(self, key: str, record: EffectRecord, finished: Callable[[ToolExecution], None]) -> None:
+        """A ``start_job`` whose earlier run was cut off: its runner knows the job (it started: say so), or
+        the outcome is unknown (it is never started a second time)."""
+        job_id = _job_id(key)
+        tools = self._job_tools
+        runner = self._jobs_running.get(job_id) or (tools.runner if tools is not None else "")
+
+        def known(reply: Reply) -> None:
+            info = reply.message if reply.error is None else None
+            if isinstance(info, JobInfo) and info.state != "unknown":
+                finished(ToolExecution(ok=True, text=f"started background job {job_id}"))
+            else:
+                text = f"{unknown_text(record)} (its job id would be {job_id}: check it with job_status)"
+                finished(ToolExecution(ok=False, unknown=True, text=text))
+
+        if not runner:
+            known(Reply(None, None, True))
+            return
+        self.ask(runner, GetJob(job_id=job_id), known, timeout=RUNNER_TIMEOUT)
+
+    def _job_tool(
+        self, name: str, arguments: dict[str, Any], key: str, *, probe: bool = False
+    ) -> LocalResult:
         tools = self._job_tools
         if tools is None or name not in JOB_TOOLS:
             return None
+        if probe:
+            return ToolExecution(ok=True, text="")
         if name == "start_job" and set(arguments) == {"callable"}:
             field_name = "callable"
         else:
@@ -444,7 +478,7 @@ class JobsMixin:
             return ToolExecution(ok=False, text=f"{name} needs one string argument {wanted}")
         if name == "start_job":
             label = value if field_name == "command" else f"callable:{value}"
-            job_id = "job-" + hashlib.sha256(key.encode()).hexdigest()[:10]  # stable across a resume
+            job_id = _job_id(key)
 
             def start(finished: Callable[[ToolExecution], None]) -> None:
                 if job_id not in self._jobs_running:

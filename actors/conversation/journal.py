@@ -19,11 +19,15 @@ field existed re-append the kept messages after the boundary: CP-06), ``transcri
 ``transcript_truncated`` {length} (``set_transcript`` / ``truncate_transcript``, which emit no events, TR-06).
 
 Goal, wakeup and loop records (loops.py), each fsync'd before anything acts on it: ``goal_set`` {condition,
-max_turns, token_budget, loop} (``loop`` True when a goal loop set it), ``goal_turn`` {turns, tokens_used} (a
-goal-loop turn ended: written before the judge is asked), ``goal_verdict`` {turns, achieved, reason,
+max_turns, token_budget, loop, goal_id} (``loop`` True when a goal loop set it; each turn of that loop has
+``goal: goal_id`` in its ``turn_started``, so a reader counts the loop's turns from the turns themselves: a
+crash between a turn's end and its ``goal_turn`` cannot lose one, and a resumed loop never runs past
+``max_turns``), ``goal_turn`` {turns, tokens_used} (a goal-loop turn ended: written before the judge is
+asked), ``goal_verdict`` {turns, achieved, reason,
 impossible}, ``goal_achieved`` {turns, reason}, ``goal_cleared`` {reason}; ``loop_started`` {slot,
-initial_goal, jobs} and ``loop_ended`` {slot}; ``wakeup_scheduled`` {slot, due, delay_s, prompt, reason}
-(``due`` the absolute time on the conversation's clock), ``wakeup_fired`` {slot, due} (written just before
+initial_goal, jobs} and ``loop_ended`` {slot}; ``wakeup_scheduled`` {slot, due, delay_s, prompt, reason, key}
+(``due`` the absolute time on the conversation's clock; ``key`` the idempotency key of the
+``schedule_wakeup`` call that set it, or empty), ``wakeup_fired`` {slot, due} (written just before
 the wakeup's turn starts: a wakeup counts as consumed only once a ``turn_started`` follows it, so a crash
 between the two fires it again, once), ``wakeup_taken`` {slot} (discarded or read out) and
 ``wakeup_cancelled`` {slot, reason}; ``job_started`` {job_id, command}, ``job_finished`` {job} (the
@@ -57,7 +61,7 @@ import json
 import logging
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -146,11 +150,17 @@ class Journal:
     def session(self, conversation_id: str) -> None:
         self.write({"type": "session", "format": FORMAT, "conversation_id": conversation_id}, durable=True)
 
-    def turn_started(self, turn_index: int, index: int, message: Message) -> None:
-        self.write(
-            {"type": "turn_started", "turn_index": turn_index, "index": index, "message": message.to_json()},
-            durable=True,
-        )
+    def turn_started(self, turn_index: int, index: int, message: Message, *, goal: str | None = None) -> None:
+        """``goal``: the id of the goal loop this turn belongs to (its ``goal_set``): a resume counts it."""
+        record: dict[str, Any] = {
+            "type": "turn_started",
+            "turn_index": turn_index,
+            "index": index,
+            "message": message.to_json(),
+        }
+        if goal is not None:
+            record["goal"] = goal
+        self.write(record, durable=True)
 
     def tool_call(self, turn_index: int, step: int, call: PendingCall) -> None:
         self.write(
@@ -274,18 +284,21 @@ class Restored:
 class LoopsRestored:
     """The goal, wakeup and job state a session file describes.
 
-    ``goal_loop``: the goal was set by a goal loop that has not ended; ``goal_phase`` what that loop does next
-    ("turn": a turn, with the auto-prompt of ``goal_reason`` when it has one; "evaluate": ask the judge about
-    the turn it counted last). ``loop``: (slot, initial_goal, jobs) of a wakeup/event loop that has not ended;
-    ``slots`` each slot's pending wakeup; ``jobs_running`` jobs started and not finished; ``undelivered`` the
-    finished jobs no turn has injected yet, in completion order."""
+    ``goal_loop``: the goal was set by a goal loop that has not ended (``goal_id`` its id); ``goal_phase``
+    what that loop does next ("turn": a turn, with the auto-prompt of ``goal_reason`` when it has one;
+    "evaluate": check the budget, then ask the judge about the turn it counted last). ``loop``: (slot,
+    initial_goal, jobs) of a wakeup/event loop that has not ended; ``slots`` each slot's pending wakeup;
+    ``jobs_running`` jobs started and not finished (job id -> runner address); ``undelivered`` the finished
+    jobs no turn has injected yet, in completion order."""
 
     goal: GoalState | None = None
     goal_loop: bool = False
+    goal_id: str | None = None
     goal_phase: str = "turn"
     goal_reason: str | None = None
     loop: tuple[str, str, str | None] | None = None
     slots: dict[str, Wakeup] = field(default_factory=dict)
+    slot_keys: dict[str, str] = field(default_factory=dict)  # the key of the call that set each slot
     jobs_running: dict[str, str] = field(default_factory=dict)
     undelivered: tuple[CompletedJob, ...] = ()
 
@@ -342,7 +355,7 @@ def read_journal(path: Path) -> Restored:
                 transcript.append(Message.from_json(record["message"]))
                 turn_index = int(record["turn_index"]) + 1
                 open_turn = _Open(int(record["turn_index"]), index)
-                lp.turn_started()
+                lp.turn_started(int(record["turn_index"]), record.get("goal"))
             elif kind == "tool_call":
                 if open_turn is not None:
                     open_turn.steps = max(open_turn.steps, int(record["step"]))
@@ -363,6 +376,7 @@ def read_journal(path: Path) -> Restored:
                     open_turn.calls.pop(message.tool_call_id, None)
             elif kind in ("turn_finished", "turn_failed", "turn_closed"):
                 ended = int(record["turn_index"])
+                lp.turn_ended(kind, ended, record)
                 turn_index = max(turn_index, ended + 1)
                 if kind == "turn_failed" and open_turn is not None and open_turn.turn_index == ended:
                     # CV-10: only the user message stays (and what a continuation had settled: "kept")
@@ -457,14 +471,41 @@ class _LoopsReader:
         self.reason: str | None = None
         self.loop: tuple[str, str, str | None] | None = None
         self.slots: dict[str, Wakeup] = {}
+        self.slot_keys: dict[str, str] = {}
         self.firing: set[str] = set()
         self.running: dict[str, str] = {}
         self.finished: dict[str, CompletedJob] = {}
+        self.goal_id: str | None = None
+        self.goal_turn: int | None = None  # the goal loop's turn started last, until its verdict
+        self.before_turn: tuple[str, str | None] = ("turn", None)  # the phase that turn started from
 
-    def turn_started(self) -> None:
+    def turn_started(self, turn_index: int, goal: object) -> None:
         for slot in self.firing:  # the wakeup's turn started: it is consumed
             self.slots.pop(slot, None)
         self.firing.clear()
+        g = self.goal
+        if g is not None and self.goal_loop and goal is not None and goal == self.goal_id:
+            # a turn of the goal loop counts once started (also one the process died in), like CV-05
+            self.goal = replace(g, turns=g.turns + 1)
+            self.goal_turn, self.before_turn = turn_index, (self.phase, self.reason)
+            self.phase = "evaluate"
+
+    def turn_ended(self, kind: str, turn_index: int, r: dict[str, Any]) -> None:
+        g = self.goal
+        if g is None or self.goal_turn != turn_index:
+            return
+        if kind == "turn_failed":  # GL-14: a failed turn is not counted; the loop raised
+            self.goal = replace(g, turns=g.turns - 1)
+            self.phase, self.reason = self.before_turn
+            self.goal_turn = None
+        elif kind == "turn_finished":
+            if r.get("finish_reason") == str(FinishReason.CANCELLED):  # GL-15 ends the loop
+                self.goal, self.goal_loop, self.phase, self.reason = None, False, "turn", None
+                self.goal_turn = None
+                return
+            usage = r.get("usage")
+            total = int(usage.get("total_tokens", 0)) if isinstance(usage, dict) else 0
+            self.goal = replace(g, tokens_used=g.tokens_used + total)
 
     def apply(self, kind: str, r: dict[str, Any]) -> None:
         g = self.goal
@@ -476,19 +517,22 @@ class _LoopsReader:
                 token_budget=None if budget is None else int(budget),
             )
             self.goal_loop, self.phase, self.reason = bool(r.get("loop", False)), "turn", None
+            goal_id = r.get("goal_id")
+            self.goal_id, self.goal_turn = (None if goal_id is None else str(goal_id)), None
         elif kind == "goal_turn" and g is not None:
-            self.goal = GoalState(
-                condition=g.condition,
-                max_turns=g.max_turns,
-                turns=int(r["turns"]),
-                token_budget=g.token_budget,
-                tokens_used=int(r.get("tokens_used", 0)),
+            # the loop's own count; a file written before turns were tagged has only this one
+            self.goal = replace(
+                g,
+                turns=max(g.turns, int(r["turns"])),
+                tokens_used=max(g.tokens_used, int(r.get("tokens_used", 0))),
             )
             self.phase = "evaluate"
         elif kind == "goal_verdict":
             self.phase, self.reason = "turn", str(r.get("reason", ""))
+            self.goal_turn = None
         elif kind in ("goal_achieved", "goal_cleared"):
             self.goal, self.goal_loop, self.phase, self.reason = None, False, "turn", None
+            self.goal_turn = None
         elif kind == "loop_started":
             jobs = r.get("jobs")
             self.loop = (str(r["slot"]), str(r["initial_goal"]), None if jobs is None else str(jobs))
@@ -503,13 +547,14 @@ class _LoopsReader:
                 due=float(r["due"]),
             )
             self.firing.discard(str(r["slot"]))
+            self.slot_keys[str(r["slot"])] = str(r.get("key", ""))
         elif kind == "wakeup_fired":
             self.firing.add(str(r["slot"]))
         elif kind in ("wakeup_taken", "wakeup_cancelled"):
             self.slots.pop(str(r["slot"]), None)
             self.firing.discard(str(r["slot"]))
         elif kind == "job_started":
-            self.running[str(r["job_id"])] = str(r["command"])
+            self.running[str(r["job_id"])] = str(r.get("runner", ""))  # asked again on resume
         elif kind == "job_finished":
             job = job_from_json(r["job"])
             self.running.pop(job.job_id, None)
@@ -521,10 +566,12 @@ class _LoopsReader:
         return LoopsRestored(
             goal=self.goal,
             goal_loop=self.goal_loop and self.goal is not None,
+            goal_id=self.goal_id if self.goal is not None else None,
             goal_phase=self.phase,
             goal_reason=self.reason,
             loop=self.loop,
             slots=dict(self.slots),
+            slot_keys={s: k for s, k in self.slot_keys.items() if s in self.slots},
             jobs_running=dict(self.running),
             undelivered=tuple(self.finished.values()),
         )

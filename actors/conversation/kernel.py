@@ -162,6 +162,7 @@ class KernelRun:
     suspended_call: PendingCall | None = None
     verdict: dict[str, Any] | None = None  # a judge run: the arguments of its goal_verdict call
     timed_out: bool = False  # a judge run cancelled at its timeout
+    response_schema: dict[str, Any] | None = None  # the answer's JSON schema (a judge run's verdict)
 
 
 class KernelHost(BusActor):
@@ -282,6 +283,7 @@ class KernelHost(BusActor):
                         reasoning_effort=self.config.reasoning_effort,
                         tool_description=run.tool_description,
                         timeout=self.config.round_timeout,
+                        response_schema=run.response_schema,
                     )
                 )
             case HostRecord(event=event):

@@ -9,11 +9,16 @@ budget (``max_turns``, or the optional token budget), ask the evaluator, stop wh
 otherwise continue with ``AUTO_PROMPT``. The default evaluator is a *judge run*: one kernel run of mode
 "judge" on the Router (the session's model unless configured), without the conversation's tools, given the
 condition and ``transcript_tail(goal_judge_tail)``; it must answer ``{achieved, reason, impossible}`` by
-calling its one tool ``goal_verdict`` (the ``local`` provider generates the arguments under a JSON grammar)
-or as a JSON text. An answer that does not parse, or a judge past ``judge_timeout`` (the run is cancelled),
-is "not achieved" with a reason that says so. Each judge call is a Router provider turn with its own receipt.
+calling its one tool ``goal_verdict`` or as a JSON text; the turn carries ``VERDICT_SCHEMA`` as its response
+schema, so a provider that can constrain its output (``local``: a grammar; ``openai``: ``response_format``)
+answers a verdict that parses, and one that cannot ignores it. An answer that does not parse, or a judge
+past ``judge_timeout`` (the run is cancelled), is "not achieved" with a reason that says so. Each judge call
+is a Router provider turn with its own receipt.
 Every change is journaled before it is acted on: a runtime resumed from its session file knows its goal and
-its turn count, and ``run_goal_loop`` on the same condition continues the crashed loop.
+its turn count, and ``run_goal_loop`` on the same condition continues the crashed loop. The count is derived
+from the turns themselves (each loop turn's ``turn_started`` carries the loop's ``goal_id``; a turn counts
+once started, also one the process died in), and a resumed loop checks the budget before it asks the judge,
+so a crash at any point never lets the loop run past ``max_turns``.
 
 The wakeup loop is in wakeups.py, background jobs in jobs.py; their state is set up here.
 """
@@ -64,6 +69,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AUTO_PROMPT",
     "GOAL_JUDGE_TAIL",
+    "VERDICT_SCHEMA",
     "GoalEvaluator",
     "LoopsMixin",
     "RealTimers",
@@ -75,6 +81,18 @@ __all__ = [
 GOAL_JUDGE_TAIL = 20  # GL-09
 AUTO_PROMPT = "Continue working toward the goal: {condition}\nEvaluator feedback: {reason}"  # GL-10
 JUDGE_TIMEOUT = 120.0
+# The verdict's JSON schema, sent with the judge's turn: a provider that can constrain its output to a schema
+# (local: a llama.cpp grammar; openai: response_format json_schema) can only answer a verdict that parses.
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "achieved": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "impossible": {"type": "boolean"},
+    },
+    "required": ["achieved", "reason", "impossible"],
+    "additionalProperties": False,
+}
 JUDGE_TOOL_DESCRIPTION = (
     'Record your verdict. Call with {"name": "goal_verdict", "arguments": {"achieved": <true or false>, '
     '"reason": "<one sentence: why>", "impossible": <true or false>}}.\n'
@@ -157,16 +175,21 @@ class LoopsMixin:
         def _emit(self, event: Any) -> None: ...
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
         def _done(self, ctx: Context, result: Any) -> None: ...
-        def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None: ...
+        def _start_turn(
+            self, text: str, answer: Callable[[Any], None], *, goal: str | None = ...
+        ) -> None: ...
         def _cancel_requested(self) -> bool: ...
         def _kernel(self, run: KernelRun, then: Callable[[BaseException | None], None]) -> None: ...
         def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes: ...
         def _wakeup_timer(self, seq: int) -> None: ...
-        def _schedule(self, slot: str, delay: float, prompt: str | None, reason: str) -> Wakeup: ...
+        def _schedule(
+            self, slot: str, delay: float, prompt: str | None, reason: str, key: str = ...
+        ) -> Wakeup: ...
 
     def _init_loops(self, restored: LoopsRestored | None) -> None:
         r = restored or LoopsRestored()
         self._goal: GoalState | None = r.goal
+        self._goal_id: str | None = r.goal_id  # the running (or crashed) goal loop's id: its turns are tagged
         self._goal_gen = 0
         self._goal_resume: tuple[str, str | None] | None = (
             (r.goal_phase, r.goal_reason) if r.goal_loop else None
@@ -214,13 +237,20 @@ class LoopsMixin:
             raise ConversationError(f"max_turns must be >= 0, not {max_turns}")
         if budget is not None and budget <= 0:
             raise ConversationError(f"a token budget must be > 0, not {budget}")
+        goal_id = self.config.operation_ids().hex if loop else None
         self._write(
             "the goal",
             lambda j: j.loop_record(
-                "goal_set", condition=condition, max_turns=max_turns, token_budget=budget, loop=loop
+                "goal_set",
+                condition=condition,
+                max_turns=max_turns,
+                token_budget=budget,
+                loop=loop,
+                goal_id=goal_id,
             ),
         )
         self._goal = GoalState(condition=condition, max_turns=max_turns, token_budget=budget)  # GL-02
+        self._goal_id = goal_id
         self._goal_gen += 1
         self._goal_resume = None
         self._emit(GoalSet(condition=condition, max_turns=max_turns))
@@ -229,6 +259,7 @@ class LoopsMixin:
         """GL-03 (also when no goal is set) and every end of a goal loop but "achieved" (GL-12)."""
         self._write("the goal's end", lambda j: j.loop_record("goal_cleared", reason=reason))
         self._goal = None
+        self._goal_id = None
         self._goal_gen += 1
         self._goal_resume = None
         self._emit(GoalCleared(reason=reason))
@@ -252,6 +283,10 @@ class LoopsMixin:
             self._set_goal(m.condition, m.max_turns, m.token_budget, loop=True)  # GL-05
             phase, reason = "turn", None
         gen = self._goal_gen
+        goal_id = self._goal_id
+
+        def run_turn(text: str) -> None:  # tagged: a resume counts the turn even if its goal_turn is lost
+            self._start_turn(text, turned, goal=goal_id)
 
         def alive() -> bool:
             return self._goal is not None and self._goal_gen == gen
@@ -276,11 +311,16 @@ class LoopsMixin:
                 lambda j: j.loop_record("goal_turn", turns=counted.turns, tokens_used=counted.tokens_used),
             )
             self._goal = counted  # GL-11
-            if counted.turns >= max(counted.max_turns, 1):  # GL-06, GL-13: before the judge
+            checked()
+
+        def checked() -> None:
+            g = self._goal
+            assert g is not None
+            if g.turns >= max(g.max_turns, 1):  # GL-06, GL-13: before the judge
                 self._clear_goal("budget_exceeded")
                 finish(None)
                 return
-            if counted.token_budget is not None and counted.tokens_used >= counted.token_budget:
+            if g.token_budget is not None and g.tokens_used >= g.token_budget:
                 self._clear_goal("token_budget_exceeded")
                 finish(None)
                 return
@@ -319,6 +359,7 @@ class LoopsMixin:
                     lambda j: j.loop_record("goal_achieved", turns=g.turns, reason=verdict.reason),
                 )
                 self._goal = None  # GL-12
+                self._goal_id = None
                 self._goal_gen += 1
                 self._emit(GoalAchieved(condition=g.condition, turns=g.turns, reason=verdict.reason))
                 finish(None)
@@ -328,14 +369,14 @@ class LoopsMixin:
                 finish(None)
                 return
             self._emit(GoalContinuing(reason=verdict.reason, turns=g.turns))  # GL-10
-            self._start_turn(AUTO_PROMPT.format(condition=g.condition, reason=verdict.reason), turned)
+            run_turn(AUTO_PROMPT.format(condition=g.condition, reason=verdict.reason))
 
-        if phase == "evaluate":
-            evaluate()
+        if phase == "evaluate":  # the last turn is counted: the budget first, as after any turn
+            checked()
         elif reason is not None and goal is not None:
-            self._start_turn(AUTO_PROMPT.format(condition=goal.condition, reason=reason), turned)
+            run_turn(AUTO_PROMPT.format(condition=goal.condition, reason=reason))
         else:
-            self._start_turn(m.prompt, turned)
+            run_turn(m.prompt)
 
     def _evaluate(
         self, condition: str, tail: tuple[Message, ...], then: Callable[[GoalVerdict | BaseException], None]
@@ -366,7 +407,14 @@ class LoopsMixin:
     ) -> None:
         """The default evaluator: one judge run on the Router (one provider turn, one receipt)."""
         model = self.config.judge_model or self._model
-        run = KernelRun("judge", "", model, judge_prompt(condition, tail), JUDGE_TOOL_DESCRIPTION)
+        run = KernelRun(
+            "judge",
+            "",
+            model,
+            judge_prompt(condition, tail),
+            JUDGE_TOOL_DESCRIPTION,
+            response_schema=VERDICT_SCHEMA,
+        )
         seq = self._next_seq()
         ref = self.actor_ref
         timeout = self.config.judge_timeout

@@ -7,7 +7,19 @@ goal). The slot lives in the conversation actor; ``schedule_wakeup`` is a tool t
 (``RegisterWakeupTool``), so the wakeup is journaled (``wakeup_scheduled`` with its due time) before the model
 hears "scheduled", and a call outside a running loop is an error result. A loop resumed after a crash fires a
 past-due wakeup once and waits for one still ahead. Cancelling the loop (the interrupt token, also during the
-sleep), a cancelled turn, its end, and closing the conversation cancel its pending wakeup.
+sleep), a cancelled turn, its end, and closing the conversation cancel its pending wakeup (a ``close`` that
+arrives while the loop sleeps ends the loop at once, then runs).
+
+The loops' own tools (``schedule_wakeup`` and the job tools, jobs.py) run here, in the conversation actor, and
+like every other tool each call runs at most once per idempotency key: ``_local_tool`` claims the call's key
+in the conversation's own effect store (actors/effects.py; ``<session file>.loops.sqlite3``, in memory
+without a session file) before it runs and stores its result before the model hears it, so a call repeated
+by key (``continue_turn`` after a crash) answers the stored result instead of scheduling or starting again.
+A call whose run was cut off (intent, no outcome) is answered from what is known: ``schedule_wakeup`` whose
+wakeup is journaled and still in its slot says so; ``start_job`` whose job its runner knows says it started;
+anything else is "outcome unknown" and is not run again, except the rerun-safe ``job_status`` and
+``stop_job`` (reading, and stopping an ended job, change nothing). Plan mode denies the mutating ones,
+``start_job`` and ``stop_job`` (their ``ToolSpec.mutating``, set in jobs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors.base import Context
-from actors.conversation.journal import Journal
+from actors.conversation.journal import Journal, LoopsRestored
 from actors.conversation.kernel import LocalResult
 from actors.conversation.messages import ConversationError, LoopResult, RunLoop
 from actors.conversation.timers import TimerFired, Timers
@@ -32,13 +44,17 @@ from actors.conversation.types import (
     WakeupScheduled,
     WakeupWaiting,
 )
+from actors.effects import Done, EffectRecord, EffectStore, EffectStoreError, Run, lost_text, unknown_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_WAKEUP_DELAY", "WAKEUP_TOOL", "WakeupsMixin"]
+__all__ = ["LOOP_TOOLS_RERUN_SAFE", "MAX_WAKEUP_DELAY", "WAKEUP_TOOL", "WakeupsMixin"]
 
 MAX_WAKEUP_DELAY = 7 * 24 * 3600.0
 WAKEUP_TOOL = "schedule_wakeup"
+# Plan mode denies these: they start or end processes. schedule_wakeup only changes the conversation's own
+# slot (no file, no process, nothing outside), and job_status only reads.
+LOOP_TOOLS_RERUN_SAFE = frozenset({"job_status", "stop_job"})
 
 
 @dataclass
@@ -63,28 +79,47 @@ class WakeupsMixin:
     _wake: _WakeLoop | None
     _loop_resume: tuple[str, str, str | None] | None
     _timers: Timers
+    config: Any
+    node: Any
 
     if TYPE_CHECKING:
 
         def _emit(self, event: Any) -> None: ...
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
         def _done(self, ctx: Context, result: Any) -> None: ...
-        def _start_turn(self, text: str, answer: Callable[[Any], None]) -> None: ...
+        def _start_turn(
+            self, text: str, answer: Callable[[Any], None], *, goal: str | None = ...
+        ) -> None: ...
         def _cancel_requested(self) -> bool: ...
         def _next_seq(self) -> int: ...
         def _job_specs(self) -> tuple[ToolSpec, ...]: ...
-        def _job_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult: ...
+        def _job_tool(
+            self, name: str, arguments: dict[str, Any], key: str, *, probe: bool = ...
+        ) -> LocalResult: ...
+        def _job_unknown(
+            self, key: str, record: EffectRecord, finished: Callable[[ToolExecution], None]
+        ) -> None: ...
 
-    def _schedule(self, slot: str, delay: float, prompt: str | None, reason: str) -> Wakeup:
+    def _init_wakeups(self, restored: LoopsRestored | None) -> None:
+        self._slot_keys: dict[str, str] = dict((restored or LoopsRestored()).slot_keys)
+        path = self.config.session_file
+        where = path.with_name(path.name + ".loops.sqlite3") if path is not None else None
+        self._loop_effects = EffectStore(where)
+
+    def _close_wakeups(self) -> None:
+        self._loop_effects.close()
+
+    def _schedule(self, slot: str, delay: float, prompt: str | None, reason: str, key: str = "") -> Wakeup:
         due = self._timers.now() + delay
         wakeup = Wakeup(delay_s=delay, prompt=prompt, reason=reason, due=due)
         self._write(
             "the wakeup",
             lambda j: j.loop_record(
-                "wakeup_scheduled", slot=slot, due=due, delay_s=delay, prompt=prompt, reason=reason
+                "wakeup_scheduled", slot=slot, due=due, delay_s=delay, prompt=prompt, reason=reason, key=key
             ),
         )
         self._slots[slot] = wakeup  # last write wins
+        self._slot_keys[slot] = key
         self._emit(WakeupScheduled(slot=slot, due=due, delay_s=delay, prompt=prompt))
         return wakeup
 
@@ -109,8 +144,71 @@ class WakeupsMixin:
         )
 
     def _local_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
+        """A loop tool's call, run at most once per ``key`` through the effect store (module docstring);
+        None: not one of the loops' tools."""
+        if self._loop_tool(name, {}, "", probe=True) is None:
+            return None
+        store = self._loop_effects
+        registry = self.node.registry
+        summary = f"tool {name!r}"
+
+        def start(finished: Callable[[ToolExecution], None]) -> None:
+            try:
+                claim = store.claim(key, summary, rerun_safe=name in LOOP_TOOLS_RERUN_SAFE)
+            except EffectStoreError as exc:
+                finished(ToolExecution(ok=False, text=f"not run: {exc}"))
+                return
+            if isinstance(claim, Done):
+                assert claim.record.tag is not None and claim.record.outcome is not None
+                finished(registry.decode(claim.record.tag, claim.record.outcome))
+                return
+
+            def settle(result: ToolExecution) -> None:
+                try:
+                    store.settle(key, registry.tag_of(result), registry.encode(result))
+                except EffectStoreError as exc:
+                    log.error("%s: %s ran but its outcome is lost: %s", self.address, summary, exc)
+                    result = ToolExecution(ok=False, unknown=True, text=lost_text(summary, exc))
+                finished(result)
+
+            if not isinstance(claim, Run):
+                self._answer_unknown(name, key, claim.record, settle)
+                return
+            result = self._loop_tool(name, arguments, key)
+            if isinstance(result, ToolExecution):
+                settle(result)
+            elif result is not None:
+                result(settle)
+            else:  # cannot happen: probed above
+                settle(ToolExecution(ok=False, text=f"{name}: not available"))
+
+        return start
+
+    def _answer_unknown(
+        self, name: str, key: str, record: EffectRecord, finished: Callable[[ToolExecution], None]
+    ) -> None:
+        """A call whose earlier run was cut off: what is known about it, never a second run."""
+        if name == WAKEUP_TOOL:
+            for slot, slot_key in self._slot_keys.items():
+                wakeup = self._slots.get(slot)
+                if slot_key == key and wakeup is not None:  # journaled, and still waiting
+                    finished(ToolExecution(ok=True, text=_scheduled_text(wakeup)))
+                    return
+        elif name == "start_job":
+            self._job_unknown(key, record, finished)
+            return
+        finished(ToolExecution(ok=False, unknown=True, text=unknown_text(record)))
+
+    def _loop_tool(
+        self, name: str, arguments: dict[str, Any], key: str, *, probe: bool = False
+    ) -> LocalResult:
+        """The loop tool itself (``probe``: only whether ``name`` is one, run nothing)."""
         if name != WAKEUP_TOOL or self._wakeup_tool is None:
+            if probe:
+                return ToolExecution(ok=True, text="") if self._job_tool(name, {}, "", probe=True) else None
             return self._job_tool(name, arguments, key)
+        if probe:
+            return ToolExecution(ok=True, text="")
         slot, max_delay = self._wakeup_tool
         if self._wake is None:
             return ToolExecution(
@@ -133,10 +231,10 @@ class WakeupsMixin:
         if prompt is not None and not isinstance(prompt, str):
             return ToolExecution(ok=False, text="schedule_wakeup: prompt must be a string")
         try:
-            wakeup = self._schedule(slot, float(delay), prompt, "")
+            wakeup = self._schedule(slot, float(delay), prompt, "", key)
         except ConversationError as exc:
             return ToolExecution(ok=False, text=f"schedule_wakeup: not scheduled: {exc}")
-        return ToolExecution(ok=True, text=f"wakeup scheduled in {float(delay):g}s (due at {wakeup.due:.3f})")
+        return ToolExecution(ok=True, text=_scheduled_text(wakeup))
 
     # ----------------------------------------------------------------------------- wakeup loop
     def _wake_loop(self, m: RunLoop, ctx: Context) -> None:
@@ -215,6 +313,15 @@ class WakeupsMixin:
             loop.sleeping = None
             self._end_loop(loop, None, "cancelled")
 
+    def _wake_closing(self) -> None:
+        """``close`` arrived while the loop sleeps: the session is over, so the loop ends now (its wakeup
+        cancelled, reason "closed") and the close, a command queued behind it (CL-05), runs next."""
+        loop = self._wake
+        if loop is not None and loop.sleeping is not None:
+            self._slots[loop.slot] = loop.sleeping
+            loop.sleeping = None
+            self._end_loop(loop, None, "closed")
+
     def _end_loop(self, loop: _WakeLoop, error: BaseException | None, why: str) -> None:
         if loop.cancel_timer is not None:
             loop.cancel_timer()
@@ -235,3 +342,7 @@ class WakeupsMixin:
 
     def _loop_ended(self, loop: _WakeLoop, why: str) -> None:
         """Hook for background jobs: a cancelled loop stops its jobs."""
+
+
+def _scheduled_text(wakeup: Wakeup) -> str:
+    return f"wakeup scheduled in {wakeup.delay_s:g}s (due at {wakeup.due:.3f})"

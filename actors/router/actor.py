@@ -401,6 +401,7 @@ class RouterActor(BusActor):
             tool=ToolSpec(CALL_KTOOL, spec.tool_description, CALL_KTOOL_PARAMETERS),
             reasoning_effort=spec.reasoning_effort,
             max_output_tokens=spec.max_output_tokens,
+            response_schema=spec.response_schema,
             # The provider entry's options configured its client already; per-turn overrides go here.
         )
         ref = self.actor_ref

@@ -45,6 +45,8 @@ class StartTurn:
     timeout_s: float | None = None
     ephemeral: bool = False
     max_output_tokens: int | None = None
+    # a JSON schema the final answer must follow; a provider that cannot constrain output ignores it
+    response_schema: dict[str, JsonValue] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

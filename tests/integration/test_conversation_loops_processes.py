@@ -125,6 +125,38 @@ def test_sigkill_during_a_goal_loop_between_turns_then_it_continues_with_its_tur
     second.expect_line('EVENT GoalCleared {"reason": "budget_exceeded"}', timeout=WAIT)
 
 
+def test_gl06_sigkill_between_turn_finished_and_goal_turn_then_the_resume_stays_within_max_turns(
+    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """GL-06 across a SIGKILL at the exact point (the peer's fault hook, a fake, holds the conversation
+    right after turn 2's ``turn_finished`` is on disk, before its ``goal_turn``): max_turns=2, and the
+    resumed process counts turn 2 from its tagged ``turn_started``, so run_goal_loop ends with
+    GoalCleared(budget_exceeded) and never starts a third turn or asks the judge again."""
+    session = tmp_path / "s.jsonl"
+    verdicts = json.dumps([{"achieved": False, "reason": "red"}])
+    first = loop_peer(
+        spawn_peer, ipc_dir, session, [text("one"), text("two")], "--verdicts", verdicts,
+        "--fake-crash-after-turn-finished", "2",
+    )  # fmt: skip
+    node = client(make_node, ipc_dir, "tester1")
+    rt = ConversationRuntime.connect(node, first.info["address"], timeout=WAIT)
+    rt.run_goal_loop_future("go", "the tests pass", 2)
+    first.expect_line("CRASH_POINT turn_finished 2", timeout=WAIT)
+    first.kill()
+    kinds_on_disk = [r["type"] for r in records(session)]
+    assert kinds_on_disk[-1] == "turn_finished" and kinds_on_disk.count("goal_turn") == 1
+
+    second = loop_peer(spawn_peer, ipc_dir, session, [text("three: past max_turns")], "--verdicts", verdicts)
+    node2 = client(make_node, ipc_dir, "tester2")
+    rt2 = ConversationRuntime.connect(node2, second.info["address"], timeout=WAIT)
+    goal = rt2.current_goal()
+    assert goal is not None and goal.turns == 2
+    assert rt2.run_goal_loop("go", "the tests pass", 2) == []
+    assert [r["type"] for r in records(session)].count("turn_started") == 2
+    assert rt2.current_goal() is None
+    second.expect_line('EVENT GoalCleared {"reason": "budget_exceeded"}', timeout=WAIT)
+
+
 def runner_peer(spawn_peer: Callable[..., PeerProcess], ipc_dir: Path, name: str) -> PeerProcess:
     return spawn_peer(
         "--name", name, "--bind", f"ipc://{ipc_dir}/{name}.sock", "--peer", f"owner=ipc://{ipc_dir}/owner.sock",

@@ -8,6 +8,7 @@ standard-library HTTP server that replays canned OpenAI-shaped responses and rec
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import logging
@@ -598,3 +599,29 @@ def test_repr_names_the_endpoint_but_never_the_key() -> None:
         assert API_KEY not in repr(provider) and API_KEY not in str(provider)
     finally:
         provider.close()
+
+
+def test_a_response_schema_is_sent_as_a_strict_json_schema_response_format(
+    scripted: ScriptedServer, sleeps: list[float]
+) -> None:
+    """A turn's ``response_schema`` (the goal judge's verdict schema) goes with the request as
+    ``response_format: json_schema`` (strict); a turn without one sends no response_format."""
+    schema = {
+        "type": "object",
+        "properties": {"achieved": {"type": "boolean"}},
+        "required": ["achieved"],
+        "additionalProperties": False,
+    }
+    answer = '{"achieved": true}'
+    for _ in range(2):
+        scripted.replies.put(Reply(chunks=[chunk({"content": answer}), chunk({}, finish="stop")]))
+    provider = provider_for(scripted.base_url, sleeps)
+    req = request("judge it")
+    outcome = run(provider, dataclasses.replace(req, response_schema=schema), RecordingTurnIO())
+    assert isinstance(outcome, ProviderOutcome) and outcome.answer == answer
+    assert scripted.requests[0]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": schema, "strict": True},
+    }
+    run(provider, req, RecordingTurnIO())
+    assert "response_format" not in scripted.requests[1]

@@ -2,6 +2,9 @@
 and a ConversationActor at ``<name>/chat`` over a session file, with ``schedule_wakeup`` registered on the
 slot ``s1`` (wall clock) and, optionally, a goal evaluator that prints ``JUDGING <turns>`` and either blocks
 (``--hold-judge``: the test SIGKILLs it there) or answers the ``--verdicts`` in order.
+``--fake-crash-after-turn-finished N`` is a fault hook (a fake: no real peer stops at a chosen line): once
+the N-th ``turn_finished`` record is on disk the conversation's thread prints ``CRASH_POINT turn_finished N``
+and blocks there, so the test's SIGKILL lands exactly between a turn's end and anything after it.
 
 Every goal, wakeup and job event is printed as ``EVENT <name> <json>``. Prints ``READY {"endpoints": [...],
 "address": ...}`` once bound; serves until SIGTERM or stdin closes.
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.conversation import CallbackSink, ConversationRuntime, Message, ToolRegistry
+from actors.conversation.journal import Journal
 from actors.conversation.runtime import WakeupSlot
 from actors.conversation.types import LOOP_EVENTS, GoalVerdict
 from actors.nodes import registry
@@ -43,6 +47,21 @@ class PeerEvaluator:
         return GoalVerdict(achieved=bool(v["achieved"]), reason=str(v["reason"]))
 
 
+def fake_crash_after_turn_finished(nth: int) -> None:
+    """The fault hook (see the module docstring): wraps ``Journal.finished`` in this process only."""
+    original = Journal.finished
+    seen = [0]
+
+    def finished(self: Journal, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        seen[0] += 1
+        if seen[0] == nth:
+            print("CRASH_POINT turn_finished", nth, flush=True)
+            threading.Event().wait(120)  # the test SIGKILLs this process here
+
+    Journal.finished = finished  # type: ignore[method-assign]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -53,7 +72,10 @@ def main() -> int:
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--verdicts", help="a JSON list of {achieved, reason}: use the peer evaluator")
     ap.add_argument("--hold-judge", action="store_true", help="the peer evaluator blocks")
+    ap.add_argument("--fake-crash-after-turn-finished", type=int, default=0, help="the fault hook")
     args = ap.parse_args()
+    if args.fake_crash_after_turn_finished:
+        fake_crash_after_turn_finished(args.fake_crash_after_turn_finished)
     node = Node(args.name, bind=[args.bind], registry=registry())
     node.start()
     provider = ScriptedProvider(json.loads(args.scripts))

@@ -67,6 +67,8 @@ class TurnRequest:
     reasoning_effort: str | None = None
     max_output_tokens: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # provider settings from the catalog
+    # StartTurn.response_schema: a JSON schema for the answer (local: a grammar; openai: response_format)
+    response_schema: Mapping[str, Any] | None = None
 
 
 # Events a provider emits (in provider order).

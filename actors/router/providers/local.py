@@ -34,6 +34,12 @@ from it) and drives ``Llama.create_completion`` with llama.cpp's grammars, in th
 The steps share the prompt prefix, so llama.cpp reuses its evaluated tokens and a decision costs only the
 few tokens it samples. ``tool_choice="required"`` (or the named function) skips step 1 and always calls;
 ``"none"`` skips it and always answers (the tool stays declared in the prompt either way).
+
+A turn with a ``response_schema`` (``TurnRequest``) is answered, never a call: its requests run as
+``"none"`` and the answer is generated under a grammar built from the schema (``LlamaGrammar
+.from_json_schema``, what llama-cpp-python's own ``response_format={"type": "json_object", "schema": ...}``
+does), so it always parses as the schema; a string the schema leaves unbounded is bounded to
+``SCHEMA_STRING_MAX`` characters, or the small model writes on until the token limit cuts the JSON.
 ``tool_choice_after_call`` (default ``"auto"``) applies once a call has been made in the turn, so a forced
 call cannot repeat forever (with ``"auto"`` the tiny model often calls again; the Router's round limit and
 timeout bound that, or the context window ends the turn as ``failed``).
@@ -106,6 +112,7 @@ _FUNCTIONS_FOOTER = (
 _END = "<|im_end|>"
 _DECIDE_MAX_TOKENS = 32  # "functions.call_ktool" is about 8 tokens; the grammar allows nothing longer
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+SCHEMA_STRING_MAX = 200
 
 ToolMode = Literal["auto", "required", "none"]
 
@@ -290,13 +297,19 @@ class LocalProvider:
             raise ProviderError("failed", str(exc)) from exc
         sampling = {k: settings[k] for k in _SAMPLING_KEYS if settings.get(k) is not None}
         max_tokens = request.max_output_tokens or self._max_output_tokens
+        answer_grammar = None
+        if request.response_schema is not None:  # answered under the schema's grammar, never a call
+            mode = after_call = "none"
+            answer_grammar = schema_grammar(request.response_schema)
         turn = _Turn(io)
         messages = list(request.messages)
         while True:
             turn.check_cancelled()
             io.emit(Submitted(model_context(request, messages, reasoning_effort=None)))  # SmolLM2 has none
             prompt = render_prompt(messages, request.tool)
-            arguments, answer = self._request(turn, prompt, request.tool, mode, sampling, max_tokens)
+            arguments, answer = self._request(
+                turn, prompt, request.tool, mode, sampling, max_tokens, answer_grammar
+            )
             if arguments is None:
                 return ProviderOutcome(answer, turn.usage)
             call = NativeToolCall(f"call_{uuid.uuid4().hex}", request.tool.name, arguments)
@@ -323,6 +336,7 @@ class LocalProvider:
         mode: ToolMode,
         sampling: Mapping[str, Any],
         max_tokens: int,
+        answer_grammar: LlamaGrammar | None = None,
     ) -> tuple[str | None, str]:
         """One model request: (the call's arguments text, "") or (None, the streamed answer)."""
         meter = _Meter()
@@ -368,7 +382,7 @@ class LocalProvider:
                 turn,
                 meter,
                 prompt,
-                grammar=None,
+                grammar=answer_grammar,
                 stop=[_END],
                 max_tokens=max_tokens,
                 sampling=sampling,
@@ -520,6 +534,29 @@ def call_schema(tool: ToolSpec) -> Mapping[str, Any]:
             for name, args in offered
         ]
     }
+
+
+def bounded_schema(schema: Any) -> Any:
+    """``schema`` with every string that has no ``maxLength``, ``pattern``, ``enum``, ``const`` or
+    ``format`` bounded to ``SCHEMA_STRING_MAX`` characters (nothing else changes)."""
+    if isinstance(schema, list):
+        return [bounded_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: bounded_schema(v) for k, v in schema.items()}
+    bounded = {"maxLength", "pattern", "enum", "const", "format"} & set(out)
+    if out.get("type") == "string" and not bounded:
+        out["maxLength"] = SCHEMA_STRING_MAX
+    return out
+
+
+def schema_grammar(schema: Mapping[str, Any]) -> LlamaGrammar:
+    """The grammar an answer under ``schema`` is generated with (``ProviderError`` "failed" if llama.cpp
+    cannot convert it: the caller asked for a guarantee this provider cannot give)."""
+    try:
+        return LlamaGrammar.from_json_schema(json.dumps(bounded_schema(schema)), verbose=False)
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise ProviderError("failed", f"the response schema cannot be made a grammar: {exc}") from exc
 
 
 def _arguments_grammar(tool: ToolSpec) -> LlamaGrammar:

@@ -33,6 +33,10 @@ server's own, with its status (``the server answered HTTP 500: Tool with name 'x
 502/503/504; ``failed`` for every other HTTP error (4xx, 500) or an error event in the stream. The API key
 never appears in a message, a repr or a log line: messages are built from the SDK's text with the key masked.
 
+A turn with a ``response_schema`` sends it with every request as ``response_format: {"type": "json_schema",
+"json_schema": {"name": "response", "schema": ..., "strict": true}}``; the tool stays offered (a server that
+honours the format constrains the final answer, one that does not ignores it).
+
 Options (constructor defaults, overridden per request by ``TurnRequest.options``): ``tool_choice`` (the first
 request's, default ``"auto"``), ``tool_choice_after_call`` (after a call was made in the turn, default
 ``"auto"``; OpenAI's agents SDK resets it the same way so that a forced call cannot loop), ``stream_tools``
@@ -185,6 +189,14 @@ class _Turn:
             raise ProviderError("cancelled", "turn cancelled", started=self.started)
 
 
+def response_format(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The Chat Completions ``response_format`` for a turn's response schema (strict structured output)."""
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": dict(schema), "strict": True},
+    }
+
+
 class OpenAIProvider:
     """A client for one OpenAI-compatible endpoint, shared by all its turns (the SDK client is thread-safe).
 
@@ -314,6 +326,8 @@ class OpenAIProvider:
             params[str(settings["max_tokens_param"])] = limit
         if request.reasoning_effort is not None:
             params["reasoning_effort"] = request.reasoning_effort
+        if request.response_schema is not None:
+            params["response_format"] = response_format(request.response_schema)
         if settings.get("extra_body"):
             params["extra_body"] = dict(settings["extra_body"])
         offers_tool = choice != "none"

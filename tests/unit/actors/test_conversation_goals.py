@@ -22,7 +22,7 @@ from peers.conversation_kit import WAIT, Env, call, env_fixture, text
 from peers.loop_kit import FakeEvaluator, ManualClock, kinds, no, yes
 
 from actors.conversation import CancellationToken, FinishReason, Message, read_journal
-from actors.conversation.loops import AUTO_PROMPT, parse_verdict
+from actors.conversation.loops import AUTO_PROMPT, VERDICT_SCHEMA, parse_verdict
 from actors.conversation.types import (
     GoalAchieved,
     GoalCleared,
@@ -338,6 +338,8 @@ def test_the_judge_sees_the_condition_and_the_tail_and_each_call_has_one_receipt
     assert goal_events(env)[-1] == GoalAchieved(
         condition="hello.txt has text", turns=2, reason="the file has text"
     )
+    assert env.p1.turns[1].response_schema == VERDICT_SCHEMA  # the judge's turn carries the schema
+    assert env.p1.turns[0].response_schema is None and env.p1.turns[2].response_schema is None
     judge_input = env.p1.turns[1].messages[-1].content
     assert "<condition>\nhello.txt has text\n</condition>" in judge_input
     assert "I wrote hello.txt" in judge_input
@@ -474,3 +476,100 @@ def test_goal_records_are_durable_before_the_judge_is_asked(env: Env, tmp_path: 
     hold.set()
     future.result(WAIT)
     assert [r["type"] for r in records(path)][-2:] == ["goal_verdict", "goal_achieved"]
+
+
+def cut_after(path: Path, out: Path, kind: str, nth: int = 1) -> list[str]:
+    """The session file as a SIGKILL leaves it right after the ``nth`` record of ``kind`` was written."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    seen = 0
+    for n, line in enumerate(lines):
+        if json.loads(line)["type"] == kind:
+            seen += 1
+            if seen == nth:
+                out.write_text("\n".join(lines[: n + 1]) + "\n")
+                return [json.loads(x)["type"] for x in lines[: n + 1]]
+    raise AssertionError(f"no {kind} #{nth} in {path}")
+
+
+def test_gl06_a_crash_between_turn_finished_and_goal_turn_never_runs_past_max_turns(
+    env: Env, tmp_path: Path
+) -> None:
+    """GL-06/GL-11 across a crash: the session file ends right after turn 2's ``turn_finished`` (its
+    ``goal_turn`` never written). The resumed runtime counts turn 2 from its tagged ``turn_started``, so with
+    max_turns=2 run_goal_loop ends at once with GoalCleared(budget_exceeded): no third turn, no judge."""
+    path = tmp_path / "s.jsonl"
+    rt = env.build(session_file=path, goal_evaluator=FakeEvaluator(no("red")))
+    env.script(text("one"))
+    env.script(text("two"))
+    rt.run_goal_loop("go", "c", 2)
+    crashed = tmp_path / "crashed.jsonl"
+    kinds_left = cut_after(path, crashed, "turn_finished", 2)
+    assert kinds_left.count("goal_turn") == 1  # turn 2's count was not yet on disk
+    restored = read_journal(crashed).loops
+    assert restored.goal is not None and restored.goal.turns == 2 and restored.goal_phase == "evaluate"
+
+    evaluator2 = FakeEvaluator(no("would run a third turn"))
+    rt2 = env.build(session_file=crashed, goal_evaluator=evaluator2)
+    assert rt2.current_goal() == GoalState(condition="c", max_turns=2, turns=2)
+    env.script(text("three: past max_turns"))
+    assert rt2.run_goal_loop("go", "c", 2) == []
+    assert evaluator2.calls == []
+    assert rt2.current_goal() is None
+    assert [r["type"] for r in records(crashed)].count("turn_started") == 2
+    assert records(crashed)[-1] == {"type": "goal_cleared", "reason": "budget_exceeded"}
+
+
+def test_gl06_a_crash_between_goal_turn_and_goal_cleared_is_not_judged_on_resume(
+    env: Env, tmp_path: Path
+) -> None:
+    """GL-06 across a crash: the last turn's ``goal_turn`` is on disk, its ``goal_cleared(budget_exceeded)``
+    is not; the resumed loop checks the budget again before asking the judge, and ends."""
+    path = tmp_path / "s.jsonl"
+    rt = env.build(session_file=path, goal_evaluator=FakeEvaluator())
+    env.script(text("only"))
+    rt.run_goal_loop("go", "c", 1)
+    crashed = tmp_path / "crashed.jsonl"
+    cut_after(path, crashed, "goal_turn")
+    evaluator2 = FakeEvaluator(yes("would be achieved"))
+    rt2 = env.build(session_file=crashed, goal_evaluator=evaluator2)
+    assert rt2.run_goal_loop("go", "c", 1) == []
+    assert evaluator2.calls == []
+    assert records(crashed)[-1] == {"type": "goal_cleared", "reason": "budget_exceeded"}
+
+
+def test_a_turn_the_process_died_in_counts_toward_max_turns(env: Env, tmp_path: Path) -> None:
+    """A goal-loop turn with no end record (the process died in it) counts once started: resumed with
+    max_turns=2 after dying in turn 2, the loop runs no further turn."""
+    path = tmp_path / "s.jsonl"
+    rt = env.build(session_file=path, goal_evaluator=FakeEvaluator(no("red")))
+    env.script(text("one"))
+    env.script(text("two"))
+    rt.run_goal_loop("go", "c", 2)
+    crashed = tmp_path / "crashed.jsonl"
+    cut_after(path, crashed, "turn_started", 2)
+    restored = read_journal(crashed)
+    assert restored.interrupted is not None and restored.loops.goal is not None
+    assert restored.loops.goal.turns == 2
+    rt2 = env.build(session_file=crashed, goal_evaluator=FakeEvaluator())
+    env.script(text("three: past max_turns"))
+    assert rt2.run_goal_loop("go", "c", 2) == []
+    assert [r["type"] for r in records(crashed)].count("turn_started") == 2
+
+
+def test_only_the_goal_loops_own_turns_are_counted(env: Env, tmp_path: Path) -> None:
+    """A plain turn after a goal loop crashed (no run_goal_loop yet) is not one of the loop's turns."""
+    path = tmp_path / "s.jsonl"
+    hold = threading.Event()
+    evaluator = FakeEvaluator(no("red"), hold=hold)
+    rt = env.build(session_file=path, goal_evaluator=evaluator)
+    env.script(text("one"))
+    future = rt.run_goal_loop_future("go", "c", 3)
+    assert evaluator.entered.wait(WAIT)
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    hold.set()
+    future.result(WAIT)
+    rt2 = env.build(session_file=crashed, goal_evaluator=FakeEvaluator())
+    env.script(text("a plain turn"))
+    rt2.run("hello")
+    assert read_journal(crashed).loops.goal == GoalState(condition="c", max_turns=3, turns=1)

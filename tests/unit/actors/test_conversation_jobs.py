@@ -367,3 +367,155 @@ def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) ->
     assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42"
     refused = next(e for e in env.sink.of(ToolCallFinished) if e.call_id == "j2")
     assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
+
+
+def test_a_job_that_finished_while_the_conversation_was_down_is_delivered_once_as_finished(
+    env: Env, tmp_path: Path
+) -> None:
+    """The conversation crashes while its job runs (the session file copied as a SIGKILL leaves it: a
+    ``job_started`` and no ``job_finished``); the job then finishes on its runner. The resumed conversation
+    asks that runner (the address journaled with the job) and delivers the completion once, with its exit
+    status and output: it was not lost."""
+    path = tmp_path / "s.jsonl"
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"read x < {fifo}; echo finished-42", "j1"), text("started"))
+    rt.run("start")
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    assert len(read_journal(crashed).loops.jobs_running) == 1
+    rt.stop()
+    with fifo.open("w") as release:  # the job ends now, with no conversation to tell
+        release.write("go\n")
+    job_id = next(iter(read_journal(crashed).loops.jobs_running))
+    rt2 = env.build(session_file=crashed)
+    rt2.register_job_tools(manager)
+    done = env.sink.wait_for(lambda e: isinstance(e, JobFinished) and e.job_id == job_id and not e.lost)
+    assert done.exit_code == 0
+    slot2 = WakeupSlot("s2")
+    rt2.register_wakeup_tool(slot2)
+    env.script(text("t1"))
+    env.script(text("delivered"))
+    outcomes = rt2.run_event_loop("go", slot2, manager)
+    assert [o.final_text for o in outcomes] == ["t1", "delivered"]
+    delivered = [u for u in users(rt2) if u.startswith("[Background job")]
+    assert len(delivered) == 1 and "(exit 0)" in delivered[0] and "finished-42" in delivered[0]
+
+
+def cut_after(path: Path, kind: str) -> None:
+    """Cut the session file right after its last record of ``kind``: what a SIGKILL leaves at that point."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    last = max(n for n, line in enumerate(lines) if json.loads(line)["type"] == kind)
+    path.write_text("\n".join(lines[: last + 1]) + "\n")
+
+
+def test_a_start_job_repeated_by_its_key_answers_the_stored_result_and_starts_nothing(
+    env: Env, tmp_path: Path
+) -> None:
+    """The loops' tools go through the conversation's effect store: the process dies after start_job ran
+    (its result stored) and before the result was journaled; continue_turn asks the call again by the same
+    key, and gets the stored result: the job is not started a second time, even on a runner that no longer
+    knows it (a restarted one)."""
+    path = tmp_path / "s.jsonl"
+    marks = tmp_path / "marks"
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"echo run >> {marks}", "j1"), text("ok"))
+    rt.run("start")
+    finished(env, 1)
+    rt.stop()
+    cut_after(path, "job_started")
+    assert read_journal(path).interrupted is not None
+    runner = env.node.lookup(manager.address.split("/", 1)[1])
+    assert runner is not None
+    runner.stop()
+    env.node.spawn(JobRunnerActor, manager.address.split("/", 1)[1])  # a new runner: it knows no job
+    rt2 = env.build(session_file=path)
+    rt2.register_job_tools(manager)
+    env.script(text("continued"))
+    outcome = rt2.continue_turn()
+    assert outcome.final_text == "continued"
+    results = [m for m in rt2.transcript() if m.role == "tool"]
+    assert len(results) == 1 and results[0].content.startswith("started background job job-")
+    assert marks.read_text().splitlines() == ["run"]
+    assert [r["type"] for r in records(path)].count("job_started") == 1
+
+
+def test_plan_mode_denies_start_job_and_stop_job_and_allows_job_status_and_schedule_wakeup(
+    env: Env, tmp_path: Path
+) -> None:
+    """PH/plan mode: the loops' own tools are registered with a mutating flag: start_job and stop_job are
+    denied while plan mode is on; job_status (reads) and schedule_wakeup (the conversation's own slot) run."""
+    marks = tmp_path / "marks"
+    rt, slot, _, clock = setup(env, tmp_path, plan_mode=True)
+    env.script(
+        start(f"echo run >> {marks}", "j1"),
+        call("stop_job", "s1", job_id="job-x"),
+        call("job_status", "q1", job_id="job-x"),
+        call("schedule_wakeup", "w1", delay_seconds=5),
+        text("planned"),
+    )
+    env.script(text("woken"))
+    future = rt.run_loop_future("plan", slot)
+    clock.wait_timer()
+    clock.advance(5)
+    future.result(WAIT)
+    results = {m.tool_call_id: m for m in rt.transcript() if m.role == "tool"}
+    assert results["j1"].is_error and results["j1"].content.startswith("Permission denied: plan mode is on")
+    assert results["s1"].is_error and results["s1"].content.startswith("Permission denied: plan mode is on")
+    assert results["q1"].content == "job_status: no job 'job-x'"  # it ran (and found nothing)
+    assert not results["w1"].is_error and results["w1"].content.startswith("wakeup scheduled")
+    assert not marks.exists()
+    assert env.sink.of(JobStarted) == []
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def forget_outcomes(effects: Path) -> None:
+    """The loops' effect store as a crash between a call's run and its stored outcome leaves it: the
+    intent rows stay, their outcomes are gone (the row is claimed, never settled)."""
+    import sqlite3
+
+    db = sqlite3.connect(effects)
+    try:
+        db.execute("UPDATE effects SET tag = NULL, outcome = NULL, finished_at = NULL")
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("runner_restarted", [False, True])
+def test_a_start_job_cut_off_before_its_outcome_is_never_started_again(
+    env: Env, tmp_path: Path, runner_restarted: bool
+) -> None:
+    """start_job ran (the job started) and the process died before its outcome was stored: continue_turn
+    by the same key asks the runner. A runner that knows the job: "started"; one that does not (it was
+    restarted): "outcome unknown", naming the job id. Either way the job is not started a second time."""
+    path = tmp_path / "s.jsonl"
+    marks = tmp_path / "marks"
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"echo run >> {marks}", "j1"), text("ok"))
+    rt.run("start")
+    finished(env, 1)
+    rt.stop()
+    cut_after(path, "job_started")
+    forget_outcomes(path.with_name(path.name + ".loops.sqlite3"))
+    if runner_restarted:
+        name = manager.address.split("/", 1)[1]
+        runner = env.node.lookup(name)
+        assert runner is not None
+        runner.stop()
+        env.node.spawn(JobRunnerActor, name)
+    rt2 = env.build(session_file=path)
+    rt2.register_job_tools(manager)
+    env.script(text("continued"))
+    rt2.continue_turn()
+    result = next(m for m in rt2.transcript() if m.role == "tool")
+    if runner_restarted:
+        assert result.is_error and result.content.startswith("outcome unknown: tool 'start_job'")
+        assert "its job id would be job-" in result.content
+    else:
+        assert not result.is_error and result.content.startswith("started background job job-")
+    assert marks.read_text().splitlines() == ["run"]

@@ -205,6 +205,7 @@ def test_the_wakeup_is_on_disk_with_its_due_time_before_the_model_hears_of_it(
     future = rt.run_loop_future("go", slot)
     clock.wait_timer()
     scheduled = [r for r in records(path) if r["type"] == "wakeup_scheduled"]
+    assert scheduled[0].pop("key").endswith(":w1")  # the schedule_wakeup call's idempotency key
     assert scheduled == [
         {
             "type": "wakeup_scheduled",
@@ -295,3 +296,54 @@ def test_a_wakeup_fired_but_not_yet_turned_fires_again_once(tmp_path: Path) -> N
             + "\n"
         )
     assert read_journal(path).loops.slots == {}
+
+
+def test_close_during_the_sleep_ends_the_loop_and_cancels_its_wakeup(env: Env, tmp_path: Path) -> None:
+    """Closing the conversation while its loop sleeps on a 1 h wakeup: the loop returns its outcomes at
+    once, the wakeup is cancelled (event, journal, no timer left), then close runs; nothing fires later."""
+    clock = ManualClock()
+    path = tmp_path / "s.jsonl"
+    rt, slot = build(env, clock, session_file=path)
+    env.script(wake(3600), text("sleeping"))
+    env.script(text("must not run"))
+    future = rt.run_loop_future("go", slot)
+    clock.wait_timer()
+    rt.close(timeout=WAIT)
+    assert len(future.result(WAIT)) == 1
+    assert clock.pending() == 0
+    clock.advance(7200)
+    assert len(env.p1.turns) == 1
+    cancelled = env.sink.wait_for(lambda e: isinstance(e, WakeupCancelled))
+    assert (cancelled.slot, cancelled.reason) == ("s1", "closed")
+    assert read_journal(path).loops.slots == {} and read_journal(path).loops.loop is None
+
+
+def test_a_schedule_wakeup_cut_off_before_its_outcome_answers_from_the_journal(
+    env: Env, tmp_path: Path
+) -> None:
+    """schedule_wakeup journaled its wakeup and the process died before the call's outcome was stored:
+    continue_turn by the same key finds that wakeup (journaled with the key, still in its slot) and answers
+    "scheduled" without scheduling it again."""
+    import sqlite3
+
+    clock = ManualClock()
+    path = tmp_path / "s.jsonl"
+    rt, slot = build(env, clock, session_file=path)
+    env.script(wake(60), text("sleeping"))
+    future = rt.run_loop_future("go", slot)
+    clock.wait_timer()
+    rt.stop()
+    future.exception(WAIT)
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    last = max(n for n, line in enumerate(lines) if json.loads(line)["type"] == "wakeup_scheduled")
+    path.write_text("\n".join(lines[: last + 1]) + "\n")
+    db = sqlite3.connect(path.with_name(path.name + ".loops.sqlite3"))
+    db.execute("UPDATE effects SET tag = NULL, outcome = NULL, finished_at = NULL")
+    db.commit()
+    db.close()
+    rt2, _ = build(env, clock, session_file=path)
+    env.script(text("continued"))
+    rt2.continue_turn()
+    result = next(m for m in rt2.transcript() if m.role == "tool")
+    assert not result.is_error and result.content == "wakeup scheduled in 60s (due at 1000060.000)"
+    assert [r["type"] for r in records(path)].count("wakeup_scheduled") == 1
