@@ -11,6 +11,14 @@ actor on a ``ReplayNode`` (no sockets, no I/O thread):
   first difference raises ``ReplayDivergence`` with the record index and a field diff.
 
 Fields a transport assigns per run (``ts``, ``deadline``, ``seq``, ``auth``) are not compared.
+
+**The determinism seams.** An actor takes its ids, clock readings and randomness through the functions below
+(``recorded_uuid``, ``recorded_clock``, ``recorded_random``): on a capturing node each is an ``effect``
+record of the actor, on a ``ReplayNode`` it is served from the log (in order, its key checked), and on a plain
+node it costs one call. Messages that reach an actor's mailbox from its own threads rather than from the bus
+(a provider's events reaching the Router) are recorded with ``record_mailbox`` where the actor takes them, and
+a replay tells them to the actor as ``ReplayedMailbox`` at the same place among its deliveries; an actor asks
+``replaying(node)`` to start no such thread (no worker, no ticker, no timer) on a replay.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import struct
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +40,47 @@ from transport.node import BARRIER, Node
 from transport.pending import PendingRequest, current_actor
 
 IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
+
+# The key of an effect record that holds a mailbox message (record_mailbox), not a value an actor asked for.
+MAILBOX = b"mailbox"
+_DOUBLE = struct.Struct(">d")
+
+
+def replaying(node: object) -> bool:
+    """True on a ``ReplayNode``: the actor's inputs come from the log, so it starts no thread of its own."""
+    return bool(getattr(node, "replaying", False))
+
+
+def recorded_uuid(node: Node, actor: str) -> uuid.UUID:
+    """A fresh UUID4 for ``actor``: an ``effect`` record when capturing, the recorded one on a replay."""
+    return uuid.UUID(bytes=node.effect(actor, b"uuid", lambda: uuid.uuid4().bytes))
+
+
+def recorded_clock(
+    node: Node, actor: str, key: bytes = b"time", source: Callable[[], float] = time.time
+) -> float:
+    """A reading of ``source`` (the wall clock, or e.g. ``time.monotonic`` under its own ``key``) as
+    ``actor`` sees it: recorded when capturing, served from the log on a replay."""
+    value = node.effect(actor, key, lambda: _DOUBLE.pack(source()))
+    return float(_DOUBLE.unpack(value)[0])
+
+
+def recorded_random(node: Node, actor: str, size: int) -> bytes:
+    """``size`` random bytes for ``actor`` (``os.urandom``): recorded when capturing, served on a replay."""
+    return node.effect(actor, b"random", lambda: os.urandom(size))
+
+
+def record_mailbox(node: Node, actor: str, payload: bytes) -> None:
+    """Record a message ``actor`` takes from its own mailbox (not from the bus), encoded by the actor."""
+    if node.capture is not None:
+        node.record("effect", actor, [MAILBOX, payload])
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedMailbox:
+    """A recorded mailbox message, told to the replayed actor where the log has it; the actor decodes it."""
+
+    payload: bytes
 
 
 class ReplayDivergence(AssertionError):
@@ -75,6 +127,8 @@ class ReplayNode(Node):
         self.divergence: ReplayDivergence | None = None
         self._running = True
 
+    replaying = True
+
     def start(self, timeout: float = 10.0) -> Node:
         return self
 
@@ -110,6 +164,8 @@ class ReplayNode(Node):
         raise divergence
 
     def effect(self, actor: str, key: bytes, produce: Callable[[], bytes]) -> bytes:
+        if self.actor is not None and actor != self.actor:
+            return produce()  # a helper actor's own effect: not under replay
         if not self.effects:
             self._diverge(ReplayDivergence(None, f"{actor} asked for effect {key!r} that the log lacks", []))
         recorded_key, value = self.effects.popleft()
@@ -153,21 +209,24 @@ class Replay:
         for r in self.records:
             if r.at == "clock":
                 node.clock_values.append(float(r.frames[0].decode()))
-            elif r.at == "effect":
+            elif r.at == "effect" and r.frames[0] != MAILBOX:
                 node.effects.append((r.frames[0], r.frames[1]))
         ref = node.spawn(actor_class, self.actor.partition("/")[2], *args, **kwargs)
         compared = delivered = 0
         try:
             expected = iter(self.expected)
             for record in self.records:
-                if record.at != "deliver":
+                if record.at == "effect" and record.frames[0] == MAILBOX:
+                    ref.tell(ReplayedMailbox(record.frames[1]))
+                elif record.at != "deliver":
                     continue
-                header = decode_header(record.frames[0])
-                self._now = header.ts
-                if header.is_reply:
-                    node.pending.resolve(header.corr or b"", node.reply_of(header, record.frames[1]))
                 else:
-                    ref.tell(Inbound(header, record.frames[1], None))
+                    header = decode_header(record.frames[0])
+                    self._now = header.ts
+                    if header.is_reply:
+                        node.pending.resolve(header.corr or b"", node.reply_of(header, record.frames[1]))
+                    else:
+                        ref.tell(Inbound(header, record.frames[1], None))
                 delivered += 1
                 # Wait until the actor has handled everything delivered so far (a mailbox round trip).
                 ref.ask(BARRIER, timeout=self.timeout)

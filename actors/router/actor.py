@@ -122,6 +122,8 @@ from actors.router.turns import (
     TimedOut,
     Turn,
     WorkerIO,
+    decode_local,
+    encode_local,
     parse_tool_call,
     thread_ticker,
 )
@@ -136,6 +138,7 @@ from actors.types import (
 from transport.errors import Expired, ProtocolError
 from transport.messages import Ping, Resolve
 from transport.pending import Reply
+from transport.replay import ReplayedMailbox, record_mailbox, recorded_clock, recorded_uuid, replaying
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +171,10 @@ class RouterActor(BusActor):
     ``owner_lost_after_s`` silence after which an owner whose heartbeat failed is gone;
     ``owner_idle_bound_s`` the longest a turn waits on a live owner; ``finished_grace_s`` how long an ended
     turn nobody reads stays in memory; ``recent_receipts`` (a count) receipts kept in memory without a
-    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests.
+    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests;
+    by default they are the determinism seams of transport/replay.py (recorded in a capture, served on a
+    replay), and the provider events, timeouts, token counts and ticks that reach the mailbox are recorded
+    as mailbox effects, so a replay runs no provider (replaying: no worker, timer or ticker thread).
     """
 
     DIRECT = True
@@ -182,9 +188,9 @@ class RouterActor(BusActor):
         data_dir: str | Path | None = None,
         providers: Mapping[str, Provider] | None = None,
         env: Mapping[str, str] | None = None,
-        new_operation_id: Callable[[], uuid.UUID] = uuid.uuid4,
+        new_operation_id: Callable[[], uuid.UUID] | None = None,
         clock_ms: Callable[[], int] | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
         ticker: Ticker = thread_ticker,
         tick_s: float = TICK_S,
         owner_ping_interval_s: float = OWNER_PING_INTERVAL_S,
@@ -200,9 +206,11 @@ class RouterActor(BusActor):
         self._provider_overrides = dict(providers or {})
         self._providers: dict[str, Provider] = {}
         self._env = env
-        self._new_op = new_operation_id
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self._monotonic = monotonic
+        self._new_op = new_operation_id or (lambda: recorded_uuid(self.node, self.address))
+        self._clock_ms = clock_ms or (lambda: int(recorded_clock(self.node, self.address) * 1000))
+        self._monotonic = monotonic or (
+            lambda: recorded_clock(self.node, self.address, b"monotonic", time.monotonic)
+        )
         self._ticker = ticker
         self._tick_s = _positive("tick_s", tick_s)
         self._ping_interval = _positive("owner_ping_interval_s", owner_ping_interval_s)
@@ -241,7 +249,8 @@ class RouterActor(BusActor):
                     "%s: accounted %d turns left open by a Router that died", self.address, len(recovered)
                 )
         ref = self.actor_ref
-        self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
+        if not replaying(self.node):  # a replay's ticks come from the log
+            self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
 
     def on_stop(self) -> None:
         if self._stop_ticker is not None:
@@ -311,6 +320,12 @@ class RouterActor(BusActor):
 
     def on_local(self, message: Any) -> Any:
         try:
+            if isinstance(message, ReplayedMailbox):
+                message = decode_local(self.node.registry, message.payload, self._open)
+            elif self.node.capture is not None:
+                payload = encode_local(self.node.registry, message)
+                if payload is not None:
+                    record_mailbox(self.node, self.address, payload)
             return self._on_local(message)
         except Exception:
             # A bug in turn bookkeeping must not stop the Router (pykka stops an actor whose tell raises):
@@ -357,7 +372,7 @@ class RouterActor(BusActor):
             ) from exc
         op = self._new_op()
         started_ms = self._clock_ms()
-        receipt_id = f"rcpt-{uuid.uuid4()}"
+        receipt_id = f"rcpt-{recorded_uuid(self.node, self.address)}"
         if self._ledger is not None:
             try:  # the intent is durable before the provider can run: a crash from here on is accounted
                 self._ledger.open(
@@ -415,13 +430,14 @@ class RouterActor(BusActor):
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         try:
-            thread.start()
+            if not replaying(self.node):  # a replay's provider events come from the log
+                thread.start()
         except RuntimeError as exc:  # no thread to be had: the intent is settled, nothing ran
             self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
             self._release(turn)
             assert turn.failure is not None
             raise turn.failure from exc
-        if spec.timeout_s is not None:
+        if spec.timeout_s is not None and not replaying(self.node):
             turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op)))
             turn.timer.daemon = True
             turn.timer.start()
@@ -465,7 +481,8 @@ class RouterActor(BusActor):
             else:
                 _tell_quietly(ref, Counted(ctx, counts, None))
 
-        threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
+        if not replaying(self.node):
+            threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
         return DEFER
 
     def _messages(self, spec: StartTurn) -> tuple[ChatMessage, ...]:
