@@ -604,3 +604,15 @@ def verify(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_B
     if unlisted:
         problems.append(f"... and {unlisted} more problems")
     return VerifyReport(ok=not problems, records=count, problems=tuple(problems), torn=torn)
+
+
+def pack_payload(obj: object) -> bytes:
+    """msgpack for the payload of an effect record an actor writes itself (``record_mailbox``)."""
+    return _pack(obj)
+
+
+def unpack_payload(data: bytes) -> Any:
+    """The inverse of ``pack_payload``, as strict as the reader: no ext types, no repeated map keys."""
+    return msgpack.unpackb(
+        data, raw=False, strict_map_key=True, ext_hook=_refuse_ext, object_pairs_hook=_unique_keys
+    )

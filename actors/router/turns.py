@@ -247,8 +247,6 @@ def _fits_the_wire(value: Any, depth: int) -> bool:
 def encode_local(registry: Any, message: Any) -> bytes | None:
     """The Router's own mailbox messages as ``record_mailbox`` payloads (transport/replay.py), so a replay
     needs no provider, worker thread, timer or ticker; None for a message that is not one of them."""
-    import msgpack
-
     from actors.router.providers.base import (
         ProviderError,
         Submitted,
@@ -257,6 +255,7 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
         UsageUpdate,
     )
     from actors.router.providers.scripted import StreamClosed
+    from transport.capture import pack_payload
 
     row: list[Any]
     match message:
@@ -291,15 +290,12 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
             row = ["tick"]
         case _:
             return None
-    packed: bytes = msgpack.packb(row, use_bin_type=True)
-    return packed
+    return pack_payload(row)
 
 
 def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
     """The mailbox message ``encode_local`` recorded; ``open_requests`` maps a request id to its deferred
     ``Context`` (a token count's answer goes to the request that asked)."""
-    import msgpack
-
     from actors.router.messages import ProviderFailed
     from actors.router.providers.base import (
         ProviderError,
@@ -309,8 +305,9 @@ def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
         UsageUpdate,
     )
     from actors.router.providers.scripted import StreamClosed
+    from transport.capture import unpack_payload
 
-    row = msgpack.unpackb(payload, raw=False)
+    row = unpack_payload(payload)
     kind = row[0]
     if kind == "emitted":
         op, what, value = uuid.UUID(bytes=row[1]), row[2], row[3]
