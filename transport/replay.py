@@ -266,14 +266,17 @@ def _describe(registry: Registry, record: Record) -> str:
 
 
 def diff_envelopes(
-    registry: Registry, expected: tuple[bytes, ...] | list[bytes], actual: list[bytes]
+    registry: Registry,
+    expected: tuple[bytes, ...] | list[bytes],
+    actual: list[bytes],
+    ignored: frozenset[str] = IGNORED_HEADER_FIELDS,
 ) -> list[str]:
     """Field-by-field differences between two recorded envelopes (header, then body)."""
     eh, ah = decode_header(expected[0]), decode_header(actual[0])
     diff = [
         f"header.{name}: expected {getattr(eh, name)!r}, got {getattr(ah, name)!r}"
         for name in Header._fields
-        if name not in IGNORED_HEADER_FIELDS and getattr(eh, name) != getattr(ah, name)
+        if name not in ignored and _header_value(name, eh) != _header_value(name, ah)
     ]
     if eh.kind != ah.kind:
         return diff
@@ -281,6 +284,13 @@ def diff_envelopes(
     ab = registry.decode(ah.kind, actual[1])
     diff.extend(_diff_values("body", eb, ab))
     return diff
+
+
+def _header_value(name: str, header: Header) -> Any:
+    value = getattr(header, name)
+    if name in ("src", "dst") and isinstance(value, str) and _is_client(value):
+        return "client"  # a plain thread's address is made per run
+    return value
 
 
 def _diff_values(path: str, expected: Any, actual: Any) -> list[str]:
@@ -302,3 +312,71 @@ def _diff_values(path: str, expected: Any, actual: Any) -> list[str]:
 
 
 _MISSING = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()
+
+
+# ------------------------------------------------------------------------------- two logs of one scenario
+# A header field that differs between two runs of the same scenario by construction: message ids are drawn
+# per run (so ``corr``, which names one, too).
+RUN_HEADER_FIELDS = IGNORED_HEADER_FIELDS | {"id", "corr"}
+
+
+@dataclass(frozen=True, slots=True)
+class LogDivergence:
+    """The first place two logs of one scenario differ: ``index`` is the record ``n`` in the first log (None:
+    past its end), ``actor`` the actor whose sends differ, ``what`` a sentence and ``diff`` the fields."""
+
+    index: int | None
+    actor: str
+    what: str
+    diff: tuple[str, ...]
+
+    def __str__(self) -> str:
+        where = "past the end of the first log" if self.index is None else f"record {self.index}"
+        return f"first divergence at {where} ({self.actor}): {self.what}" + "".join(
+            f"\n  {d}" for d in self.diff
+        )
+
+
+def _is_client(address: str) -> bool:
+    # A plain thread's address (``node/client.<thread id>.<n>``) is made per run.
+    return address.partition("/")[2].startswith("client.")
+
+
+def _sends_by_actor(log: CaptureLog) -> dict[str, list[Record]]:
+    sends: dict[str, list[Record]] = {}
+    for record in log.records:
+        if record.at == "send" and not _is_client(record.actor):
+            sends.setdefault(record.actor, []).append(record)
+    return sends
+
+
+def first_divergence(expected: CaptureLog, actual: CaptureLog, registry: Registry) -> LogDivergence | None:
+    """Compare every actor's sends in two logs of one scenario (a recording and a later run of it), in
+    order, header and body field by field, ignoring what differs per run by construction (message ids,
+    times, sequence numbers, a plain thread's address); the earliest difference in ``expected`` wins."""
+    want, got = _sends_by_actor(expected), _sends_by_actor(actual)
+    found: list[LogDivergence] = []
+    for actor in sorted(want.keys() | got.keys()):
+        a, b = want.get(actor, []), got.get(actor, [])
+        for i in range(max(len(a), len(b))):
+            if i >= len(a):
+                found.append(
+                    LogDivergence(None, actor, "sent beyond the first log", (_describe(registry, b[i]),))
+                )
+                break
+            if i >= len(b):
+                found.append(
+                    LogDivergence(
+                        a[i].n, actor, "never sent this recorded message", (_describe(registry, a[i]),)
+                    )
+                )
+                break
+            diff = diff_envelopes(registry, a[i].frames, list(b[i].frames), RUN_HEADER_FIELDS)
+            if diff:
+                found.append(
+                    LogDivergence(a[i].n, actor, f"{decode_header(a[i].frames[0]).kind} differs", tuple(diff))
+                )
+                break
+    if not found:
+        return None
+    return min(found, key=lambda d: (d.index is None, d.index or 0))

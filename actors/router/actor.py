@@ -371,6 +371,9 @@ class RouterActor(BusActor):
                 f"provider {provider_entry.name} could not be set up: {exc}"[:500], kind="provider_setup"
             ) from exc
         op = self._new_op()
+        tape = getattr(self.node, "provider_tape", None)
+        if tape is not None:  # a live replay (actors/replay_plugin.py): the recorded provider events instead
+            provider = tape.provider(self.address)
         started_ms = self._clock_ms()
         receipt_id = f"rcpt-{recorded_uuid(self.node, self.address)}"
         if self._ledger is not None:
@@ -466,6 +469,11 @@ class RouterActor(BusActor):
         """The provider's tokenizer counts on a thread of their own (it may load a model file first), and
         the answer comes back through this mailbox; without a tokenizer, the conservative estimate."""
         _, _, provider_entry = self.catalog.resolve(model)
+        tape = getattr(self.node, "provider_tape", None)
+        if tape is not None:  # a live replay: the recorded count, if the recording had one
+            counts = tape.counts(self.address)
+            if counts is not None:
+                return TokenCount(counts=counts, exact=True)
         counter = getattr(self._provider(provider_entry), "count_tokens", None)
         if counter is None:
             return TokenCount(counts=tuple(estimate_tokens(t) for t in texts), exact=False)

@@ -114,6 +114,10 @@ class WorkerIO:
         # result queue orders the two, so the worker sees it once its wait_result returns.
         self._next_input: str | None = None
 
+    @property
+    def operation_id(self) -> uuid.UUID:
+        return self._op
+
     def submit_input(self, text: str) -> None:
         self._next_input = text
 
