@@ -45,7 +45,9 @@ class Tape:
             collections.deque
         )
         self.turns: dict[tuple[str, Any], list[Any]] = collections.defaultdict(list)
-        self.counted: dict[str, collections.deque[tuple[int, ...]]] = collections.defaultdict(collections.deque)
+        self.counted: dict[str, collections.deque[tuple[int, ...]]] = collections.defaultdict(
+            collections.deque
+        )
         open_requests: dict[bytes, Any] = collections.defaultdict(lambda: None)
         for record in log.records:
             if record.at != "effect":
