@@ -616,3 +616,27 @@ def unpack_payload(data: bytes) -> Any:
     return msgpack.unpackb(
         data, raw=False, strict_map_key=True, ext_hook=_refuse_ext, object_pairs_hook=_unique_keys
     )
+
+
+CAPTURE_ENV: Final = "KBUS_CAPTURE"
+
+
+def capture_from_env(node: str, schema: str) -> CaptureWriter | None:
+    """With ``KBUS_CAPTURE=DIR`` set, a writer of ``DIR/<node>.buslog`` (``<node>.<pid>.<k>.buslog`` when that
+    exists: a log is never written into twice); None when it is not set."""
+    folder = os.environ.get(CAPTURE_ENV)
+    if not folder:
+        return None
+    base = Path(folder)
+    candidates = [
+        base / f"{node}.buslog",
+        *(base / f"{node}.{os.getpid()}.{k}.buslog" for k in range(1, 1000)),
+    ]
+    for path in candidates:
+        if path.exists():
+            continue
+        try:
+            return CaptureWriter(path, node=node, schema=schema)
+        except CaptureError:  # made by another node between the check and the open: take the next name
+            continue
+    raise CaptureError(f"{base}: no free capture file name for node {node}")

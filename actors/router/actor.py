@@ -232,13 +232,14 @@ class RouterActor(BusActor):
     # ------------------------------------------------------------------------------------- lifecycle
     def on_start(self) -> None:
         super().on_start()
+        started_ms = self._clock_ms()  # read with or without a ledger: a replay reads the clock alike
         if self._data_dir is not None:
             # Opened on this thread: sqlite connections are thread-bound, and only the Router writes.
             ledger = ReceiptLedger(self._data_dir / "receipts.sqlite3")
             try:
                 ledger.begin_incarnation()
                 # Before anything is served: a dead incarnation's open turns become interrupted receipts.
-                recovered = ledger.recover(now_ms=self._clock_ms(), price=self._price_of)
+                recovered = ledger.recover(now_ms=started_ms, price=self._price_of)
             except BaseException:
                 ledger.close()
                 raise
