@@ -1,6 +1,6 @@
-"""The kbus_replay pytest plugin used as a user would (pytester): the README's example test is recorded on the
-real embedded model, replayed offline with the model file gone, and then, with its tool changed, fails with the
-first divergence at the recording's record of the tool host's answer (issue 17)."""
+"""The kbus_replay pytest plugin used as a user would (pytester), issue 17: the README's example test is
+recorded on the real embedded model, replayed offline with the model file gone, and then, with its tool
+changed, fails with the first divergence at the recording's record of the tool host's answer."""
 
 from __future__ import annotations
 
