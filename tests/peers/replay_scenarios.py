@@ -83,3 +83,7 @@ def tool_host() -> Factory:
 def router(catalog: ModelCatalog | None = None) -> Factory:
     # The replayed Router builds its provider client but never calls it: the key only has to be set.
     return Factory(RouterActor, catalog=catalog, env={LAB_KEY_ENV: "unused-in-a-replay"})
+
+
+# What `kbus log replay --class peers.replay_scenarios:CONVERSATION` replays the committed conversation as.
+CONVERSATION = conversation("smollm2")

@@ -9,6 +9,7 @@ change is intended. Each actor type also has a negative control: an edited recor
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,7 @@ def test_a_different_tool_result_diverges_in_the_conversation() -> None:
     changed = _edit(
         log,
         target,
-        (target.frames[0], reg.encode(type(original)(**{**_fields(original), "text": "7006653"}))),
+        (target.frames[0], reg.encode(dataclasses.replace(original, text="7006653"))),
     )
     with pytest.raises(ReplayDivergence) as err:
         Replay(changed, "n1/agent", reg).run(sc.conversation("smollm2"))
@@ -228,7 +229,7 @@ def test_different_arguments_diverge_in_the_tool_host() -> None:
     changed = _edit(
         log,
         target,
-        (target.frames[0], reg.encode(type(original)(**{**_fields(original), "arguments": arguments}))),
+        (target.frames[0], reg.encode(dataclasses.replace(original, arguments=arguments))),
     )
     with pytest.raises(ReplayDivergence) as err:
         Replay(changed, "n1/agent.host", reg).run(sc.tool_host())
@@ -277,9 +278,3 @@ def test_an_edited_recorded_id_diverges_in_the_router() -> None:
     with pytest.raises(ReplayDivergence) as err:
         Replay(_edit(log, target, (b"uuid", edited.bytes)), "n1/router", reg).run(sc.router())
     assert any(f"got {edited!r}" in d for d in err.value.diff), err.value.diff
-
-
-def _fields(message: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
