@@ -96,7 +96,8 @@ class TapeProvider:
                 if isinstance(message.event, ToolCallRequested):
                     io.wait_result(message.event.call.call_id)
             elif message.outcome is not None:
-                return message.outcome
+                outcome: ProviderOutcome = message.outcome
+                return outcome
             else:
                 raise message.error or ProviderError("failed", "the recorded turn failed")
         raise ProviderError("unavailable", f"the recording of turn {io.operation_id} has no end")

@@ -261,7 +261,7 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
     from actors.router.providers.scripted import StreamClosed
     from transport.capture import pack_payload
 
-    row: list[Any]
+    row: list[Any] = []  # stays empty for a message that is not one of the Router's own
     match message:
         case Emitted(operation_id=op, event=event):
             match event:
@@ -273,12 +273,10 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
                     row = ["emitted", op.bytes, "usage", registry.encode(usage)]
                 case ToolCallRequested(call=call):
                     row = ["emitted", op.bytes, "tool_call", [call.call_id, call.name, call.arguments]]
-                case _:
-                    return None
         case Finished(operation_id=op, outcome=outcome, error=error):
             if outcome is not None:
-                usage = None if outcome.usage is None else registry.encode(outcome.usage)
-                row = ["finished", op.bytes, [outcome.answer, usage, outcome.continuation], None]
+                packed_usage = None if outcome.usage is None else registry.encode(outcome.usage)
+                row = ["finished", op.bytes, [outcome.answer, packed_usage, outcome.continuation], None]
             elif isinstance(error, ProviderError):
                 row = ["finished", op.bytes, None, ["provider", error.kind, error.message, error.started]]
             elif isinstance(error, StreamClosed):
@@ -292,9 +290,7 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
                    else str(error)]  # fmt: skip
         case Tick():
             row = ["tick"]
-        case _:
-            return None
-    return pack_payload(row)
+    return pack_payload(row) if row else None
 
 
 def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
