@@ -3,6 +3,7 @@ model catalogs and the actor factories of the conversation and Router captures (
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from actors.conversation import ToolRegistry
@@ -80,9 +81,29 @@ def tool_host() -> Factory:
     return Factory(ToolHostActor, registry=tools())
 
 
+class NeverCalled:
+    """A provider a replayed Router must never run (its events come from the log): a worker that did would
+    stay blocked here, alive, under its ``kbus-turn-`` thread name, for a test to find."""
+
+    name = "never-called"
+
+    def run_turn(self, request: Any, io: Any) -> Any:
+        threading.Event().wait(60)
+        raise AssertionError("a replayed Router ran a provider")
+
+    def close(self) -> None:
+        return None
+
+
 def router(catalog: ModelCatalog | None = None) -> Factory:
-    # The replayed Router builds its provider client but never calls it: the key only has to be set.
-    return Factory(RouterActor, catalog=catalog, env={LAB_KEY_ENV: "unused-in-a-replay"})
+    # Each provider the catalogs name is one a replayed Router must never run.
+    never = NeverCalled()
+    return Factory(RouterActor, catalog=catalog, providers={"local": never, "scripted": never, "lab": never})
+
+
+def turn_workers() -> list[str]:
+    """The Router's provider worker threads alive now."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("kbus-turn-")]
 
 
 # What `kbus log replay --class peers.replay_scenarios:CONVERSATION` replays the committed conversation as.
