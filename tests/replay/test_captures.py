@@ -18,6 +18,7 @@ from peers import replay_scenarios as sc
 
 from actors.codex.actor import CodexAdapterActor
 from actors.echo import EchoActor
+from actors.inference import InferenceHandleActor
 from actors.nodes import registry
 from actors.session import SessionLoopActor
 from actors.subagent import SubagentRunActor
@@ -40,27 +41,31 @@ class CodexReplay:
         return CodexAdapterActor.start(node, address, config=config)
 
 
+# The inference handle of a run's first round: the receiver of the first AwaitStarted.
+HANDLE = ("kind:si.await_started", InferenceHandleActor.replayed())
 # log file -> [(actor address, or the kind of the request that starts it; actor class)]
 CAPTURES: dict[str, list[tuple[str, Any]]] = {
     "echo_exchange.buslog": [("n1/echo", EchoActor)],
     # The session loop's address is made per run: find it as the receiver of the run request.
-    "session_tool_round.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router())],
-    "session_restart_fresh.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router())],
-    "session_round_limit.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router())],
+    "session_tool_round.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router()), HANDLE],
+    "session_restart_fresh.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router()), HANDLE],
+    "session_round_limit.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router()), HANDLE],
     # RS-24: a tool outcome with stop=True
-    "session_stop.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router())],
-    "subagent_run.buslog": [("kind:sa.run", SubagentRunActor), ("n1/router", sc.router())],
+    "session_stop.buslog": [("kind:rs.run", SessionLoopActor), ("n1/router", sc.router()), HANDLE],
+    "subagent_run.buslog": [("kind:sa.run", SubagentRunActor), ("n1/router", sc.router()), HANDLE],
     "codex_tool_turn.buslog": [("cx/codex", CodexReplay)],
     # The real embedded model calls a tool; the real llama_cpp.server answers (the replays need neither).
     "conversation_tool_turn.buslog": [
         ("n1/agent", sc.conversation("smollm2")),
         ("n1/agent.host", sc.tool_host()),
         ("n1/agent.loop.0", SessionLoopActor),
+        ("n1/agent.loop.0.inference.0", InferenceHandleActor.replayed()),
         ("n1/router", sc.router()),
     ],
     "router_llama_server_turn.buslog": [
         ("n1/agent", sc.conversation("smol")),
         ("n1/agent.loop.0", SessionLoopActor),
+        ("n1/agent.loop.0.inference.0", InferenceHandleActor.replayed()),
         ("n1/router", sc.router(sc.lab_catalog("http://127.0.0.1:9/v1"))),
     ],
 }
@@ -279,3 +284,20 @@ def test_an_edited_recorded_id_diverges_in_the_router() -> None:
     with pytest.raises(ReplayDivergence) as err:
         Replay(_edit(log, target, (b"uuid", edited.bytes)), "n1/router", reg).run(sc.router())
     assert any(f"got {edited!r}" in d for d in err.value.diff), err.value.diff
+
+
+def test_an_edited_router_event_diverges_in_the_inference_handle() -> None:
+    """The inference handle is compared too: a text delta the Router had sent otherwise is what the handle
+    then hands its session loop."""
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "conversation_tool_turn.buslog")
+    handle = "n1/agent.loop.0.inference.0"
+    target = _first(log, "deliver", handle, "router.ev.text")
+    changed = _edit(log, target, (target.frames[0], reg.encode(dataclasses.replace(
+        reg.decode("router.ev.text", target.frames[1]), text="EDITED"))))  # fmt: skip
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(changed, handle, reg).run(InferenceHandleActor.replayed())
+    assert err.value.index is not None and err.value.index > target.n
+    assert any("EDITED" in d for d in err.value.diff), err.value.diff
