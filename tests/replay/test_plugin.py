@@ -88,3 +88,50 @@ def test_record_then_replay_offline_then_a_changed_tool_result_diverges(
         ]
     )
     assert changed.ret != 0
+
+
+SCRIPTED = '''
+from actors.conversation import ConversationRuntime, ToolRegistry
+from actors.router.actor import RouterActor
+from actors.router.providers.scripted import ScriptedProvider
+
+NODES = {nodes!r}
+
+
+def shout(text: str) -> str:
+    """Upper-case a text."""
+    return text.upper()
+
+
+def test_scripted(kbus_replay):
+    tools = ToolRegistry()
+    tools.register(shout)
+    script = [{{"call": {{"name": "shout", "arguments": {{"text": "hi"}}}}, "id": "c1"}}, {{"text": "HI"}}]
+    for name in NODES:
+        with kbus_replay.node(name) as node:
+            node.spawn(RouterActor, "router", providers={{"scripted": ScriptedProvider([script])}})
+            builder = ConversationRuntime.builder().node(node).llm("scripted").tools(tools)
+            agent = builder.name("agent").build()
+            assert agent.run("shout hi", timeout=30).final_text == "HI"
+            agent.stop()
+'''
+
+
+def test_record_modes_new_episodes_and_all(pytester: pytest.Pytester) -> None:
+    """new_episodes records only the nodes the recording lacks; all records every node again."""
+    folder = pytester.path / "replays" / "test_modes" / "test_scripted"
+    pytester.makepyfile(test_modes=SCRIPTED.format(nodes=["n1"]))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    first = (folder / "n1.buslog").read_bytes()
+
+    pytester.makepyfile(test_modes=SCRIPTED.format(nodes=["n1", "n2"]))
+    result = pytester.runpytest_subprocess("--kbus-record-mode=new_episodes", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert (folder / "n1.buslog").read_bytes() == first  # replayed, not recorded again
+    assert (folder / "n2.buslog").exists()  # the new episode, recorded
+    second = (folder / "n2.buslog").read_bytes()
+
+    pytester.runpytest_subprocess("--kbus-record-mode=all", "-p", "no:cacheprovider").assert_outcomes(
+        passed=1
+    )
+    assert (folder / "n1.buslog").read_bytes() != first and (folder / "n2.buslog").read_bytes() != second
