@@ -943,6 +943,9 @@ def guarded(command: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[
         verbose = bool(getattr(args, "verbose", False))
         if not verbose:
             logging.getLogger().setLevel(logging.CRITICAL)
+        capture = getattr(args, "capture_dir", None)
+        if capture:  # every node of this run captures (transport.capture.capture_from_env)
+            os.environ["KBUS_CAPTURE"] = capture
         try:
             return fn(args)
         except BrokenPipeError:  # stdout closed early (| head): nothing more to say
@@ -1333,6 +1336,12 @@ def add_parsers(sub: Any) -> None:
             "--connect", metavar="ENDPOINT", help="use the Router of a running node (ipc:// or tcp://)"
         )
         p.add_argument("--node", help="with --connect: that node's name")
+        p.add_argument(
+            "--capture",
+            dest="capture_dir",
+            metavar="DIR",
+            help="write one DIR/<node>.buslog per node of the run",
+        )
         p.add_argument("--router", default="router", help="with --connect: the Router's actor name")
         p.add_argument("--server-key", help="with tcp: the node's public key (Z85 text or a .key file)")
         p.add_argument("--key", help="with tcp: this client's secret key file (on the node's allowlist)")

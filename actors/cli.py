@@ -257,9 +257,103 @@ def _one_line(d: dict[str, Any]) -> str:
     return f"{head} {h['kind']:<14} {h['flow']:<6} {h['src']} -> {h['dst']} id={_short(h['id'])}{corr} {body}"
 
 
+# What ``kbus log replay`` replays an actor as when no --class is given: the kind of a request it received.
+_REPLAY_CLASSES = {
+    "router.start_turn": "actors.router.actor:RouterActor",
+    "router.resolve_model": "actors.router.actor:RouterActor",
+    "router.count_tokens": "actors.router.actor:RouterActor",
+    "rs.run": "actors.session:SessionLoopActor",
+    "sa.run": "actors.subagent:SubagentRunActor",
+    "echo": "actors.echo:EchoActor",
+}
+
+
+def _replay_class(spec: str | None, log: Any, actor: str) -> Any:
+    import importlib
+
+    from transport.codec import decode_header
+
+    if spec is None:
+        for record in log.records:
+            if record.at == "deliver" and record.actor == actor:
+                spec = _REPLAY_CLASSES.get(decode_header(record.frames[0]).kind)
+                if spec is not None:
+                    break
+        else:
+            known = ", ".join(sorted(set(_REPLAY_CLASSES.values())))
+            raise ValueError(
+                f"cannot tell what {actor} is from the log: give --class MODULE:NAME (known: {known})"
+            )
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"--class must be MODULE:NAME, not {spec!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--class {spec}: {exc}") from None
+
+
+def cmd_log_replay(args: argparse.Namespace) -> int:
+    from actors.nodes import registry
+    from transport.capture import CaptureError, read_log
+    from transport.replay import Replay, ReplayDivergence
+
+    if not args.verbose:  # a divergence raised inside a handler is reported below, once, not as a traceback
+        logging.getLogger("actors").setLevel(logging.CRITICAL)
+    try:
+        log = read_log(args.file)
+        if not any(r.actor == args.actor for r in log.records):
+            actors = sorted({r.actor for r in log.records})
+            print(f"kbus log replay: {args.file} has no records of {args.actor} (it has {', '.join(actors)})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        actor_class = _replay_class(args.actor_class, log, args.actor)
+        result = Replay(log, args.actor, registry(), timeout=args.timeout).run(actor_class)
+    except ReplayDivergence as exc:
+        print(f"{args.file}: {args.actor}: {exc}")
+        return 1
+    except (CaptureError, ValueError) as exc:
+        print(f"kbus log replay: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kbus log replay: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{args.file}: {args.actor} replayed: {result.delivered} inputs, {result.compared} sends compared, "
+        "zero divergence"
+    )
+    return 0
+
+
+def cmd_log_diff(args: argparse.Namespace) -> int:
+    from actors.nodes import registry
+    from transport.capture import CaptureError, read_log
+    from transport.replay import first_divergence
+
+    try:
+        a, b = read_log(args.a), read_log(args.b)
+        divergence = first_divergence(a, b, registry())
+    except CaptureError as exc:
+        print(f"kbus log diff: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kbus log diff: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if divergence is None:
+        sends = sum(1 for r in a.records if r.at == "send")
+        print(f"{args.a} and {args.b}: no divergence ({sends} sends in the first)")
+        return 0
+    print(f"{args.a} vs {args.b}: {divergence}")
+    return 1
+
+
 def cmd_log(args: argparse.Namespace) -> int:
     from transport.capture import CaptureError, iter_records, read_log, verify
 
+    if args.log_command == "replay":
+        return cmd_log_replay(args)
+    if args.log_command == "diff":
+        return cmd_log_diff(args)
     if args.log_command == "verify":
         report = verify(args.file)
         for problem in report.problems:
@@ -337,6 +431,19 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="one JSON object per record")
     verify_p = logsub.add_parser("verify", help="check the hash chain, numbering and order")
     verify_p.add_argument("file")
+    replay_p = logsub.add_parser("replay", help="replay one actor from a log; exit 1 at the first divergence")
+    replay_p.add_argument("file")
+    replay_p.add_argument("--actor", required=True, help="the actor's address, e.g. n1/router")
+    replay_p.add_argument(
+        "--class",
+        dest="actor_class",
+        help="MODULE:NAME of the actor class (or a factory with start(node, address)); default: told by "
+        "the requests it received (the Router, a session loop, a subagent run, the echo actor)",
+    )
+    replay_p.add_argument("--timeout", type=float, default=10.0, help="bound on each replayed step (s)")
+    diff_p = logsub.add_parser("diff", help="the first divergence between two logs of one scenario")
+    diff_p.add_argument("a")
+    diff_p.add_argument("b")
     p.set_defaults(func=cmd_log)
 
     from actors.agent_cli import add_parsers

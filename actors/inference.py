@@ -344,6 +344,13 @@ def start_turn_of(request: SessionInferenceRequest, *, ephemeral: bool = False) 
     )
 
 
+def _init_record(node: Node, *options: Any) -> bytes:
+    from transport.capture import pack_payload
+
+    router, request, *rest = options
+    return pack_payload([router, node.registry.encode(request), *rest])
+
+
 class InferenceHandleActor(BusActor):
     """One provider turn; spawned by ``InferenceRuntime``. See the module docstring."""
 
@@ -360,12 +367,35 @@ class InferenceHandleActor(BusActor):
         ephemeral: bool = False,
     ) -> None:
         super().__init__(node, address)
+        # The handle's options are its spawner's: recorded first, so a replay can start it alike (replayed()).
+        node.effect(address, b"init", lambda: _init_record(node, router, request, start_timeout, read_timeout,
+                                                          observer, ephemeral))  # fmt: skip
         self._router = router
         self._observer = observer  # told every TurnTextDelta as it streams (not an event of its own)
         self._start = start_turn_of(request, ephemeral=ephemeral)
         self._start_timeout = start_timeout
         self._read_timeout = read_timeout
         self._state: State = Starting()
+
+    @classmethod
+    def replayed(cls) -> Any:
+        """What ``Replay.run`` replays a handle as: started with the options its log's first record holds."""
+
+        class FromLog:
+            @staticmethod
+            def start(node: Any, address: str) -> Any:
+                from transport.capture import unpack_payload
+
+                key, value = node.effects[0]
+                if key != b"init":
+                    raise ValueError(f"{address}: the log does not start with the handle's options")
+                router, request, start_timeout, read_timeout, observer, ephemeral = unpack_payload(value)
+                decoded = node.registry.decode(SessionInferenceRequest.TAG, request)
+                options = {"start_timeout": start_timeout, "read_timeout": read_timeout}
+                options |= {"observer": observer, "ephemeral": ephemeral}
+                return cls.start(node, address, router=router, request=decoded, **options)
+
+        return FromLog
 
     def on_start(self) -> None:
         super().on_start()

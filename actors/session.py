@@ -62,6 +62,7 @@ from transport.errors import BusError, Expired
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
+from transport.replay import recorded_uuid
 
 log = logging.getLogger(__name__)
 
@@ -846,7 +847,7 @@ class SessionLoopService(BusActor):
             return None
         if not isinstance(message, RunSession):
             raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
-        name = message.loop or f"session.{uuid.uuid4().hex}"
+        name = message.loop or f"session.{recorded_uuid(self.node, self.address).hex}"
         if not name.startswith("session.") or "/" in name:
             raise InvalidSessionRequest(f"a session loop's name starts with 'session.', not {name[:80]!r}")
         self.node.spawn(SessionLoopActor, name)

@@ -30,6 +30,7 @@ MAX_FRAMES: Final = 1 << 16
 
 _HEADER_KEYS: Final = ("format", "version", "created", "node", "schema", "seed")
 _RECORD_KEYS: Final = ("n", "at", "actor", "mono_ns", "frames", "hash")
+_RECORD_KEY_SET: Final = frozenset(_RECORD_KEYS)
 _HASH_BYTES: Final = 32
 _MAX_MAP_LEN: Final = 16
 _READ_SIZE: Final = 1 << 16
@@ -481,20 +482,39 @@ class _Scanner:
                 if obj.leftover:
                     self.torn = TornTail(offset=start, size=obj.leftover, after_record=last_n)
                 return
-            record = _to_record(obj, f"{self._path}: record #{index} at offset {start}")
+            record = _to_record(obj, self._path, index, start)
             yield record
             last_n = record.n
             index += 1
 
 
 def _check_keys(obj: dict[Any, Any], expected: tuple[str, ...], where: str) -> None:
+    if obj.keys() == set(expected):
+        return
     if len(obj) != len(expected) or not all(key in obj for key in expected):
         missing = [key for key in expected if key not in obj]
         extra = [key for key in obj if key not in expected]
         raise CaptureError(f"{where}: missing keys {missing}, unexpected keys {extra}")
 
 
-def _to_record(obj: object, where: str) -> Record:
+def _to_record(obj: object, path: str, index: int, offset: int) -> Record:
+    if (
+        type(obj) is dict
+        and obj.keys() == _RECORD_KEY_SET
+        and type(n := obj["n"]) is int
+        and obj["at"] in RECORD_KINDS
+        and type(actor := obj["actor"]) is str
+        and type(mono_ns := obj["mono_ns"]) is int
+        and type(frames := obj["frames"]) is list
+        and all(type(frame) is bytes for frame in frames)
+        and type(digest := obj["hash"]) is bytes
+        and len(digest) == _HASH_BYTES
+    ):  # the common case, checked without building a message
+        return Record(n, obj["at"], actor, mono_ns, tuple(frames), digest)
+    return _to_record_checked(obj, f"{path}: record #{index} at offset {offset}")
+
+
+def _to_record_checked(obj: object, where: str) -> Record:
     if not isinstance(obj, dict):
         raise CaptureError(f"{where}: a msgpack {type(obj).__name__}, not a record map")
     _check_keys(obj, _RECORD_KEYS, where)
@@ -578,20 +598,22 @@ def verify(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_B
             last_mono: dict[str, int] = {}
             for index, record in enumerate(scan.records()):
                 count += 1
-                where = f"{name}: record #{index} (n={record.n})"
                 if record.n != expected_n:
-                    problem(f"{where}: n is not consecutive, expected {expected_n}")
+                    problem(
+                        f"{name}: record #{index} (n={record.n}): n is not consecutive, expected {expected_n}"
+                    )
                 expected_n = record.n + 1
                 previous = last_mono.get(record.actor)
                 if previous is not None and record.mono_ns < previous:
                     problem(
-                        f"{where}: mono_ns of {record.actor} went backwards ({record.mono_ns} < {previous})"
+                        f"{name}: record #{index} (n={record.n}): mono_ns of {record.actor} went backwards "
+                        f"({record.mono_ns} < {previous})"
                     )
                 last_mono[record.actor] = record.mono_ns
                 if _record_hash(prev_hash, record) != record.hash:
                     problem(
-                        f"{where}: hash mismatch (this record was edited, or one before it "
-                        "was removed or moved)"
+                        f"{name}: record #{index} (n={record.n}): hash mismatch (this record was edited, "
+                        "or one before it was removed or moved)"
                     )
                 prev_hash = record.hash
             torn = scan.torn
@@ -604,3 +626,39 @@ def verify(path: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_B
     if unlisted:
         problems.append(f"... and {unlisted} more problems")
     return VerifyReport(ok=not problems, records=count, problems=tuple(problems), torn=torn)
+
+
+def pack_payload(obj: object) -> bytes:
+    """msgpack for the payload of an effect record an actor writes itself (``record_mailbox``)."""
+    return _pack(obj)
+
+
+def unpack_payload(data: bytes) -> Any:
+    """The inverse of ``pack_payload``, as strict as the reader: no ext types, no repeated map keys."""
+    return msgpack.unpackb(
+        data, raw=False, strict_map_key=True, ext_hook=_refuse_ext, object_pairs_hook=_unique_keys
+    )
+
+
+CAPTURE_ENV: Final = "KBUS_CAPTURE"
+
+
+def capture_from_env(node: str, schema: str) -> CaptureWriter | None:
+    """With ``KBUS_CAPTURE=DIR`` set, a writer of ``DIR/<node>.buslog`` (``<node>.<pid>.<k>.buslog`` when that
+    exists: a log is never written into twice); None when it is not set."""
+    folder = os.environ.get(CAPTURE_ENV)
+    if not folder:
+        return None
+    base = Path(folder)
+    candidates = [
+        base / f"{node}.buslog",
+        *(base / f"{node}.{os.getpid()}.{k}.buslog" for k in range(1, 1000)),
+    ]
+    for path in candidates:
+        if path.exists():
+            continue
+        try:
+            return CaptureWriter(path, node=node, schema=schema)
+        except CaptureError:  # made by another node between the check and the open: take the next name
+            continue
+    raise CaptureError(f"{base}: no free capture file name for node {node}")

@@ -150,6 +150,10 @@ class Node:
         self.clock = clock
         self.monotonic = monotonic
         self.ids = ids
+        if capture is None:  # KBUS_CAPTURE=DIR: every node of the run captures to DIR/<name>.buslog
+            from transport.capture import capture_from_env
+
+            capture = capture_from_env(name, self.registry.schema_hash())
         self.capture = capture
         self.stats = Stats()
         # Lines hostile input can repeat (drops, refusals, handler errors) go through here: see logs.py.

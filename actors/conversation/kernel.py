@@ -67,6 +67,7 @@ from actors.types import TokenUsage, ToolCall, ToolCallError
 from transport.errors import BusError, Expired, NotDelivered, Unavailable
 from transport.node import Node
 from transport.pending import Reply
+from transport.replay import recorded_uuid
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ class ConversationConfig:
     tool_timeout: float = HOST_TIMEOUT  # one tool call, then its outcome is unknown (the turn suspends)
     call_timeout: float = CALL_TIMEOUT  # each step of a kernel run (a model read, a host callback)
     reasoning_effort: str = ""
-    operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+    # None: a recorded UUID4 (transport/replay.py recorded_uuid), so a capture replays with no factory passed
+    operation_ids: Callable[[], uuid.UUID] | None = None
     # the loops (loops.py): a GoalEvaluator (None: the judge run), the judge's model (None: the session's),
     # its timeout, the transcript tail it sees, and the clock/timer source (None: wall clock, threads)
     goal_evaluator: Any = None
@@ -173,7 +175,7 @@ class KernelHost(BusActor):
         self.config = config
         self._run: KernelRun | None = None
         self._journal: Journal | None = None  # the session file, opened by the conversation actor
-        self._conversation_id = str(uuid.uuid4())  # replaced by the journal's own on resume
+        self._conversation_id = str(recorded_uuid(node, address))  # replaced by the journal's own on resume
         self._loops = itertools.count()
         self._interrupt_tells: set[bytes] = set()  # CancelSession tells whose run may end first
 
@@ -225,7 +227,7 @@ class KernelHost(BusActor):
         self._run = run
         request = SessionRunRequest(
             user_id=self.config.user_id,
-            operation_id=self.config.operation_ids(),
+            operation_id=(self.config.operation_ids or (lambda: recorded_uuid(self.node, self.address)))(),
             rounds_used=0,
             round_limit=1,
             call_timeout=max(self.config.call_timeout, self.config.tool_timeout + self._people_wait()),

@@ -756,7 +756,7 @@ class ConversationRuntimeBuilder:
         self._call_timeout: float | None = None
         self._timeout: float | None = DEFAULT_TIMEOUT
         self._reasoning_effort = ""
-        self._operation_ids: Callable[[], uuid.UUID] = uuid.uuid4
+        self._operation_ids: Callable[[], uuid.UUID] | None = None
         self._loop_options: dict[str, Any] = {}
         self._plan_mode = False
         self._people_tools = False

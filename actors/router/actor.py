@@ -122,6 +122,8 @@ from actors.router.turns import (
     TimedOut,
     Turn,
     WorkerIO,
+    decode_local,
+    encode_local,
     parse_tool_call,
     thread_ticker,
 )
@@ -136,6 +138,7 @@ from actors.types import (
 from transport.errors import Expired, ProtocolError
 from transport.messages import Ping, Resolve
 from transport.pending import Reply
+from transport.replay import ReplayedMailbox, record_mailbox, recorded_clock, recorded_uuid, replaying
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +171,10 @@ class RouterActor(BusActor):
     ``owner_lost_after_s`` silence after which an owner whose heartbeat failed is gone;
     ``owner_idle_bound_s`` the longest a turn waits on a live owner; ``finished_grace_s`` how long an ended
     turn nobody reads stays in memory; ``recent_receipts`` (a count) receipts kept in memory without a
-    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests.
+    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests;
+    by default they are the determinism seams of transport/replay.py (recorded in a capture, served on a
+    replay), and the provider events, timeouts, token counts and ticks that reach the mailbox are recorded
+    as mailbox effects, so a replay runs no provider (replaying: no worker, timer or ticker thread).
     """
 
     DIRECT = True
@@ -182,9 +188,9 @@ class RouterActor(BusActor):
         data_dir: str | Path | None = None,
         providers: Mapping[str, Provider] | None = None,
         env: Mapping[str, str] | None = None,
-        new_operation_id: Callable[[], uuid.UUID] = uuid.uuid4,
+        new_operation_id: Callable[[], uuid.UUID] | None = None,
         clock_ms: Callable[[], int] | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
         ticker: Ticker = thread_ticker,
         tick_s: float = TICK_S,
         owner_ping_interval_s: float = OWNER_PING_INTERVAL_S,
@@ -200,9 +206,11 @@ class RouterActor(BusActor):
         self._provider_overrides = dict(providers or {})
         self._providers: dict[str, Provider] = {}
         self._env = env
-        self._new_op = new_operation_id
-        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self._monotonic = monotonic
+        self._new_op = new_operation_id or (lambda: recorded_uuid(self.node, self.address))
+        self._clock_ms = clock_ms or (lambda: int(recorded_clock(self.node, self.address) * 1000))
+        self._monotonic = monotonic or (
+            lambda: recorded_clock(self.node, self.address, b"monotonic", time.monotonic)
+        )
         self._ticker = ticker
         self._tick_s = _positive("tick_s", tick_s)
         self._ping_interval = _positive("owner_ping_interval_s", owner_ping_interval_s)
@@ -224,13 +232,14 @@ class RouterActor(BusActor):
     # ------------------------------------------------------------------------------------- lifecycle
     def on_start(self) -> None:
         super().on_start()
+        started_ms = self._clock_ms()  # read with or without a ledger: a replay reads the clock alike
         if self._data_dir is not None:
             # Opened on this thread: sqlite connections are thread-bound, and only the Router writes.
             ledger = ReceiptLedger(self._data_dir / "receipts.sqlite3")
             try:
                 ledger.begin_incarnation()
                 # Before anything is served: a dead incarnation's open turns become interrupted receipts.
-                recovered = ledger.recover(now_ms=self._clock_ms(), price=self._price_of)
+                recovered = ledger.recover(now_ms=started_ms, price=self._price_of)
             except BaseException:
                 ledger.close()
                 raise
@@ -241,7 +250,8 @@ class RouterActor(BusActor):
                     "%s: accounted %d turns left open by a Router that died", self.address, len(recovered)
                 )
         ref = self.actor_ref
-        self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
+        if not replaying(self.node):  # a replay's ticks come from the log
+            self._stop_ticker = self._ticker(self._tick_s, lambda: _tell_quietly(ref, TICK))
 
     def on_stop(self) -> None:
         if self._stop_ticker is not None:
@@ -311,6 +321,12 @@ class RouterActor(BusActor):
 
     def on_local(self, message: Any) -> Any:
         try:
+            if isinstance(message, ReplayedMailbox):
+                message = decode_local(self.node.registry, message.payload, self._open)
+            elif self.node.capture is not None:
+                payload = encode_local(self.node.registry, message)
+                if payload is not None:
+                    record_mailbox(self.node, self.address, payload)
             return self._on_local(message)
         except Exception:
             # A bug in turn bookkeeping must not stop the Router (pykka stops an actor whose tell raises):
@@ -356,8 +372,11 @@ class RouterActor(BusActor):
                 f"provider {provider_entry.name} could not be set up: {exc}"[:500], kind="provider_setup"
             ) from exc
         op = self._new_op()
+        tape = getattr(self.node, "provider_tape", None)
+        if tape is not None:  # a live replay (actors/replay_plugin.py): the recorded provider events instead
+            provider = tape.provider(self.address)
         started_ms = self._clock_ms()
-        receipt_id = f"rcpt-{uuid.uuid4()}"
+        receipt_id = f"rcpt-{recorded_uuid(self.node, self.address)}"
         if self._ledger is not None:
             try:  # the intent is durable before the provider can run: a crash from here on is accounted
                 self._ledger.open(
@@ -416,13 +435,14 @@ class RouterActor(BusActor):
 
         thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         try:
-            thread.start()
+            if not replaying(self.node):  # a replay's provider events come from the log
+                thread.start()
         except RuntimeError as exc:  # no thread to be had: the intent is settled, nothing ran
             self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
             self._release(turn)
             assert turn.failure is not None
             raise turn.failure from exc
-        if spec.timeout_s is not None:
+        if spec.timeout_s is not None and not replaying(self.node):
             turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op)))
             turn.timer.daemon = True
             turn.timer.start()
@@ -451,6 +471,11 @@ class RouterActor(BusActor):
         """The provider's tokenizer counts on a thread of their own (it may load a model file first), and
         the answer comes back through this mailbox; without a tokenizer, the conservative estimate."""
         _, _, provider_entry = self.catalog.resolve(model)
+        tape = getattr(self.node, "provider_tape", None)
+        if tape is not None:  # a live replay: the recorded count, if the recording had one
+            counts = tape.counts(self.address)
+            if counts is not None:
+                return TokenCount(counts=counts, exact=True)
         counter = getattr(self._provider(provider_entry), "count_tokens", None)
         if counter is None:
             return TokenCount(counts=tuple(estimate_tokens(t) for t in texts), exact=False)
@@ -466,7 +491,8 @@ class RouterActor(BusActor):
             else:
                 _tell_quietly(ref, Counted(ctx, counts, None))
 
-        threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
+        if not replaying(self.node):
+            threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
         return DEFER
 
     def _messages(self, spec: StartTurn) -> tuple[ChatMessage, ...]:

@@ -114,6 +114,10 @@ class WorkerIO:
         # result queue orders the two, so the worker sees it once its wait_result returns.
         self._next_input: str | None = None
 
+    @property
+    def operation_id(self) -> uuid.UUID:
+        return self._op
+
     def submit_input(self, text: str) -> None:
         self._next_input = text
 
@@ -241,3 +245,103 @@ def _fits_the_wire(value: Any, depth: int) -> bool:
     if isinstance(value, dict):
         return all(_fits_the_wire(v, depth + 1) for v in value.values())
     return False
+
+
+# ------------------------------------------------------------------------------- replay (mailbox records)
+def encode_local(registry: Any, message: Any) -> bytes | None:
+    """The Router's own mailbox messages as ``record_mailbox`` payloads (transport/replay.py), so a replay
+    needs no provider, worker thread, timer or ticker; None for a message that is not one of them."""
+    from actors.router.providers.base import (
+        ProviderError,
+        Submitted,
+        TextDelta,
+        ToolCallRequested,
+        UsageUpdate,
+    )
+    from actors.router.providers.scripted import StreamClosed
+    from transport.capture import pack_payload
+
+    row: list[Any] = []  # stays empty for a message that is not one of the Router's own
+    match message:
+        case Emitted(operation_id=op, event=event):
+            match event:
+                case Submitted(context=context):
+                    row = ["emitted", op.bytes, "submitted", registry.encode(context)]
+                case TextDelta(text=text):
+                    row = ["emitted", op.bytes, "text", text]
+                case UsageUpdate(usage=usage):
+                    row = ["emitted", op.bytes, "usage", registry.encode(usage)]
+                case ToolCallRequested(call=call):
+                    row = ["emitted", op.bytes, "tool_call", [call.call_id, call.name, call.arguments]]
+        case Finished(operation_id=op, outcome=outcome, error=error):
+            if outcome is not None:
+                packed_usage = None if outcome.usage is None else registry.encode(outcome.usage)
+                row = ["finished", op.bytes, [outcome.answer, packed_usage, outcome.continuation], None]
+            elif isinstance(error, ProviderError):
+                row = ["finished", op.bytes, None, ["provider", error.kind, error.message, error.started]]
+            elif isinstance(error, StreamClosed):
+                row = ["finished", op.bytes, None, ["closed", str(error)]]
+            else:
+                row = ["finished", op.bytes, None, ["other", type(error).__name__, str(error)]]
+        case TimedOut(operation_id=op):
+            row = ["timed_out", op.bytes]
+        case Counted(ctx=ctx, counts=counts, error=error):
+            row = ["counted", ctx.header.id, None if counts is None else list(counts), None if error is None
+                   else str(error)]  # fmt: skip
+        case Tick():
+            row = ["tick"]
+    return pack_payload(row) if row else None
+
+
+def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
+    """The mailbox message ``encode_local`` recorded; ``open_requests`` maps a request id to its deferred
+    ``Context`` (a token count's answer goes to the request that asked)."""
+    from actors.router.messages import ProviderFailed
+    from actors.router.providers.base import (
+        ProviderError,
+        Submitted,
+        TextDelta,
+        ToolCallRequested,
+        UsageUpdate,
+    )
+    from actors.router.providers.scripted import StreamClosed
+    from transport.capture import unpack_payload
+
+    row = unpack_payload(payload)
+    kind = row[0]
+    if kind == "emitted":
+        op, what, value = uuid.UUID(bytes=row[1]), row[2], row[3]
+        event: Any
+        if what == "submitted":
+            event = Submitted(context=registry.decode("agent.model_context", value))
+        elif what == "text":
+            event = TextDelta(text=value)
+        elif what == "usage":
+            event = UsageUpdate(usage=registry.decode(TokenUsage.TAG, value))
+        else:
+            event = ToolCallRequested(call=NativeToolCall(*value))
+        return Emitted(op, event)
+    if kind == "finished":
+        op = uuid.UUID(bytes=row[1])
+        if row[2] is not None:
+            answer, usage, continuation = row[2]
+            decoded = None if usage is None else registry.decode(TokenUsage.TAG, usage)
+            return Finished(op, ProviderOutcome(answer, decoded, continuation=continuation), None)
+        error = row[3]
+        failure: BaseException
+        if error[0] == "provider":
+            failure = ProviderError(error[1], error[2], started=error[3])
+        elif error[0] == "closed":
+            failure = StreamClosed(error[1])
+        else:
+            failure = type(error[1], (Exception,), {})(error[2])  # same name and text as the recorded error
+        return Finished(op, None, failure)
+    if kind == "timed_out":
+        return TimedOut(uuid.UUID(bytes=row[1]))
+    if kind == "counted":
+        ctx = open_requests[row[1]]
+        counts = None if row[2] is None else tuple(row[2])
+        return Counted(ctx, counts, None if row[3] is None else ProviderFailed(row[3], kind="failed"))
+    if kind == "tick":
+        return TICK
+    raise ValueError(f"not a Router mailbox record: {kind!r}")
