@@ -109,7 +109,7 @@ from actors.session import (
     HostPrepareRound,
     HostRecord,
 )
-from transport.errors import Expired, NotDelivered, Unavailable
+from transport.errors import Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
@@ -288,7 +288,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 self._waiting.append(_Command(message, ctx))
                 self._drain()
                 return DEFER
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def on_start(self) -> None:
         super().on_start()

@@ -50,6 +50,7 @@ from actors.conversation.messages import (
 from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import CompletedJob, JobFinished, JobStarted
 from actors.subprocesses import run_bounded
+from transport.errors import ProtocolError
 from transport.node import Node
 from transport.pending import Reply
 
@@ -140,7 +141,7 @@ class JobRunnerActor(BusActor):
             case CountJobs(owner=owner):
                 running = sum(1 for j in self._jobs.values() if j.done is None and owner in ("", j.owner))
                 return JobCount(running=running)
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _info(self, job: _Job | None, job_id: str) -> JobInfo:
         if job is None:
