@@ -231,7 +231,11 @@ class BusActor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 log.info("%s stopped before its reply arrived", self.address)
 
-        node.send(header, body, deliver=deliver, timeout=timeout)
+        try:
+            node.send(header, body, deliver=deliver, timeout=timeout)
+        except BaseException:  # refused (a timeout that is not a finite number): nothing waits for it
+            self._continuations.pop(header.id, None)
+            raise
         return header.id
 
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:

@@ -118,7 +118,8 @@ class IoThread(threading.Thread):
             timer = node.timers.run_due()
             if timer is not None and (wait is None or timer < wait):
                 wait = timer
-            timeout_ms = 1000 if wait is None else max(0, min(1000, int(wait * 1000) + 1))
+            # `not wait < 1.0` also catches what must never get here (NaN, inf): then it wakes each second.
+            timeout_ms = 1000 if wait is None or not wait < 1.0 else max(0, int(wait * 1000) + 1)
             self.poll_until = node.monotonic() + timeout_ms / 1000
             for sock, _ in self.poller.poll(timeout_ms):
                 if sock == wake:

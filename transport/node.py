@@ -16,6 +16,7 @@ error, ``NotDelivered`` (nothing ran), ``Unavailable`` (outcome unknown) or ``Ex
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -732,6 +733,10 @@ class Node:
     ) -> None:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
         terminal error) on whichever thread resolves it; it must not block."""
+        if timeout is not None and not math.isfinite(timeout):
+            # A NaN or infinite wait would never expire, and a NaN at the head of the deadline heap would
+            # stop every other request behind it from expiring (it once ended the I/O thread).
+            raise ProtocolError(f"{header.kind}: a timeout must be a finite number of seconds: {timeout!r}")
         frames = [encode_header(header), body]
         if self.capture is not None:
             self.capture.record("send", header.src, frames)
@@ -903,7 +908,9 @@ class Node:
 
     def call_at(self, at: float, callback: Callable[[], None]) -> int:
         """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns
-        a handle for ``cancel_call``. Nothing runs after the node stopped."""
+        a handle for ``cancel_call``. Nothing runs after the node stopped. ``at`` must be finite."""
+        if not math.isfinite(at):
+            raise ProtocolError(f"a timer must be set for a finite time, not {at!r}")
         handle = self.timers.add(at, callback)
         io = self._io
         if io is not None and at < io.poll_until:
