@@ -374,6 +374,10 @@ def _pack(value: Any) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------------ fuzzer
+class Stalled(Exception):
+    """The node stopped taking frames (its I/O thread is stuck or starved)."""
+
+
 @dataclass
 class Report:
     frames: Counter[str] = field(default_factory=Counter)
@@ -384,6 +388,7 @@ class Report:
     wrong: list[str] = field(default_factory=list)  # a well-behaved request answered wrongly
     crashed: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    stalled: str = ""  # why sending stopped, if it did
 
 
 class Fuzzer:
@@ -416,7 +421,14 @@ class Fuzzer:
         for i in range(frames_per_actor * len(targets)):
             actor = targets[i % len(targets)]
             cls, frames = self.maker.make(actor)
-            self._send([b"", *frames])
+            try:
+                self._send([b"", *frames])
+            except Stalled as exc:
+                self.report.stalled = f"{exc} (after {sum(self.report.frames.values())} frames)"
+                node = self.topology.node
+                if node is not None and node.proc.poll() is None:
+                    os.kill(node.proc.pid, signal.SIGUSR1)  # its threads' stacks into node.log (C-level)
+                return
             self.report.frames[cls] += 1
             self.report.per_actor[actor] += 1
             if i % 64 == 0:
@@ -434,7 +446,7 @@ class Fuzzer:
             except zmq.Again:
                 # The node is behind: read what it answered meanwhile, and wait a bounded while.
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the node took no frame for a minute") from None
+                    raise Stalled("the node took no frame for a minute") from None
                 self.sock.poll(50, zmq.POLLIN | zmq.POLLOUT)
                 self._drain()
 
@@ -491,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=20_000, help="frames between liveness checks")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-codex", action="store_true", help="leave the codex adapter out")
+    ap.add_argument("--keep", help="a folder to copy the node's log into at the end")
     args = ap.parse_args(argv)
     codex = None
     if not args.no_codex:
@@ -502,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         rss_before = fz.topology.rss_kib()
         started = time.monotonic()
         sent = 0
-        while sent < args.frames and not fz.report.crashed:
+        while sent < args.frames and not fz.report.crashed and not fz.report.stalled:
             per_actor = max(1, min(args.batch, args.frames - sent) // actors)
             fz.batch(per_actor)
             sent += per_actor * actors
@@ -522,7 +535,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}")
         print(f"node RSS: {rss_before // 1024} MiB before, {rss_after // 1024} MiB after")
         print("node counters: " + json.dumps({k: v for k, v in sorted(r.stats.items()) if v}))
-        return 0 if not (r.crashed or r.dead or r.wrong) else 1
+        if r.stalled:
+            print(f"STALLED: {r.stalled}")
+        if args.keep:
+            import shutil
+
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(tmp) / "node.log", Path(args.keep) / "node.log")
+        return 0 if not (r.crashed or r.dead or r.wrong or r.stalled) else 1
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@
 Actors: ``echo``, ``router`` (scripted provider), ``chat`` (a conversation, with its tool host
 ``chat.host``), ``sessions`` (the session-loop service), ``host`` (a subagent ``RunHostActor``) and, with
 ``--codex``, ``codex`` (the Codex adapter over the real codex binary, its model the fake Responses server
-at ``--base-url``). Prints ``READY {"endpoints": [...], "actors": [...], "pid": PID}`` once up; serves
+at ``--base-url``). SIGUSR1 dumps every thread's stack to stderr. Prints
+``READY {"endpoints": [...], "actors": [...], "pid": PID}`` once up; serves
 until SIGTERM or stdin closes, then stops the node (which reaps the codex child).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -69,6 +71,7 @@ def main() -> int:
     ap.add_argument("--base-url", help="the fake Responses server, for codex")
     ap.add_argument("--stdin-lifeline", action="store_true", help="stop when stdin closes (always on)")
     args = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the fuzzer asks for the stacks of a stall
     data = Path(args.data_dir)
     node = Node(args.name, bind=[args.bind], registry=registry())
     node.start()
