@@ -48,7 +48,7 @@ class NotesHost:
         return call.name
 
     def execute_tool(self, call: ToolCall, operation_id: Any, budget: Any) -> Any:
-        return ToolOutcome.success(f"noted {len(json.dumps(call.arguments))} characters")
+        return ToolOutcome.success(f"noted {len(repr(call.arguments))} characters")  # bytes too
 
     def complete_capture(self, capture: Any, contents: str, budget: Any) -> Any:
         return ToolOutcome.success("saved")
