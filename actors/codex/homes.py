@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import tempfile
-import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -24,8 +23,8 @@ log = logging.getLogger(__name__)
 PREFIX = "kbus-codex-"
 OWNER = "OWNER"
 
-_swept: set[str] = set()
-_sweep_lock = threading.Lock()
+_swept: set[str] = set()  # folders swept by this process (two children starting at once may both sweep:
+# harmless, a folder is removed once and the other sweep skips it)
 
 
 def start_time(pid: int) -> str | None:
@@ -85,9 +84,8 @@ def remove_stale_homes(root: str | None = None) -> list[str]:
 def sweep_once(root: str | None = None) -> None:
     """``remove_stale_homes`` once per process and folder (the first child started sweeps); never raises."""
     key = root or tempfile.gettempdir()
-    with _sweep_lock:
-        if key in _swept:
-            return
-        _swept.add(key)
+    if key in _swept:
+        return
+    _swept.add(key)
     with contextlib.suppress(Exception):
         remove_stale_homes(root)
