@@ -178,6 +178,7 @@ class BusActor(pykka.ThreadingActor):
         self._bus_expiry: dict[bytes, int] = {}  # deferred request -> its node timer (see _bus_defer)
         self.bus_answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
         self.bus_input_failures = 0  # inbound messages whose handling failed past every error reply
+        self.bus_counts = node.actor_counts(self.name)  # handled / failed, read by sys.stats
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -230,7 +231,11 @@ class BusActor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 log.info("%s stopped before its reply arrived", self.address)
 
-        node.send(header, body, deliver=deliver, timeout=timeout)
+        try:
+            node.send(header, body, deliver=deliver, timeout=timeout)
+        except BaseException:  # refused (a timeout that is not a finite number): nothing waits for it
+            self._continuations.pop(header.id, None)
+            raise
         return header.id
 
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
@@ -329,9 +334,11 @@ class BusActor(pykka.ThreadingActor):
 
     def _inbound(self, inbound: Inbound) -> None:
         # The invariant of every actor: no input, and no failure while answering it, stops the actor.
+        self.bus_counts.handled += 1
         try:
             self._inbound_unguarded(inbound)
         except Exception:  # past every error reply: counted, logged once, the actor lives
+            self.bus_counts.failed += 1
             self.bus_input_failures += 1
             self.node.stats.incr("actor_input_failures")
             if self.bus_input_failures == 1:
@@ -357,6 +364,7 @@ class BusActor(pykka.ThreadingActor):
             else:
                 result = self.handle(message, ctx)
         except BusError as exc:
+            self.bus_counts.failed += 1
             self.node.log_limit.log(
                 log,
                 logging.INFO,
@@ -371,6 +379,7 @@ class BusActor(pykka.ThreadingActor):
             return
         except Exception as exc:  # noqa: BLE001 - logged (rate-limited, with its traceback) just below
             # A bug in a handler: reported to the sender and logged loudly, and the actor lives on.
+            self.bus_counts.failed += 1
             self.node.log_limit.log(
                 log,
                 logging.ERROR,

@@ -189,6 +189,51 @@ def cmd_ping(args: argparse.Namespace) -> int:
     return 0 if failures == 0 else 1
 
 
+# ------------------------------------------------------------------------------------------------ stats
+def cmd_stats(args: argparse.Namespace) -> int:
+    """One ``sys.stats`` request to ``NODE/node``: the node's counters, then one line per actor."""
+    from transport import BusError, Node, Peer
+    from transport.messages import NodeStats, StatsQuery
+
+    try:
+        security, server_key = _ping_setup(args)
+    except ValueError as exc:
+        print(f"kbus stats: {exc}", file=sys.stderr)
+        return 2
+    name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"stats-{os.getpid()}")
+    client = Node(name, security=security).start()
+    try:
+        client.connect(Peer(args.node, args.endpoint, server_key))
+        report = client.request(f"{args.node}/node", StatsQuery(), timeout=args.timeout)
+    except BusError as exc:
+        print(f"kbus stats: {args.node} at {args.endpoint}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.stop()
+    assert isinstance(report, NodeStats)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "node": report.node,
+                    "counters": report.counters,
+                    "actors": {
+                        a.actor: {"handled": a.handled, "failed": a.failed, "mailbox": a.mailbox}
+                        for a in report.actors
+                    },
+                }
+            )
+        )
+        return 0
+    print(f"node {report.node}")
+    width = max((len(k) for k in report.counters), default=0)
+    for key in sorted(report.counters):
+        print(f"  {key:<{width}}  {report.counters[key]}")
+    for a in report.actors:
+        print(f"actor {a.actor}: handled {a.handled}, failed {a.failed}, mailbox {a.mailbox}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------- keys
 def cmd_keys(args: argparse.Namespace) -> int:
     from transport.security import SecurityError, create_keys, load_public_key
@@ -418,6 +463,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain tcp (only against benchmark nodes)")
     p.add_argument("--name", help="this client's node name (default: the --key file's name, or ping-PID)")
     p.set_defaults(func=cmd_ping)
+
+    p = sub.add_parser("stats", help="a node's counters (drops by reason) and each actor's")
+    p.add_argument("endpoint", help="ipc://PATH or tcp://HOST:PORT of the node")
+    p.add_argument("--node", required=True, help="the node's name")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--server-key", help="the node's public key (Z85 text or a .key file), for tcp")
+    p.add_argument("--key", help="this client's secret key file (must be on the node's allowlist)")
+    p.add_argument("--plain", action="store_true", help="plain tcp (only against benchmark nodes)")
+    p.add_argument("--name", help="this client's node name (default: the --key file's name, or stats-PID)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_stats, count=1)
 
     p = sub.add_parser("keys", help="create a CURVE key pair (NAME.key, NAME.key_secret mode 0600)")
     p.add_argument("name")

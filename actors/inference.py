@@ -55,7 +55,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import TRANSPORT_ERRORS, BusError, Expired, NotDelivered, Unavailable
+from transport.errors import TRANSPORT_ERRORS, BusError, Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, chained, forbid_blocking
@@ -451,7 +451,7 @@ class InferenceHandleActor(BusActor):
                 return None
             case Terminal(why=why), NextEvent() | Respond() | FinishUnavailable():
                 raise HandleTerminated(why)  # SI-13: the Router is not contacted
-        raise TypeError(f"the inference handle does not handle {type(message).__name__}")
+        raise ProtocolError(f"the inference handle does not handle {type(message).__name__}")
 
     # --------------------------------------------------------------------------------- starting
     def _on_started(self, reply: Reply) -> None:

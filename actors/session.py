@@ -58,7 +58,7 @@ from actors.types import (
     retry_class,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError, Expired
+from transport.errors import BusError, Expired, ProtocolError
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
@@ -376,7 +376,7 @@ class HostActor(BusActor):
                 return self._result(host.complete_capture(capture, contents), ctx)
             case HostCompleteRound(completion=completion):
                 return self._result(host.complete_round(completion), ctx)
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _result(self, result: Any, ctx: Context) -> Any:
         return self.answer_when_done(result, ctx)
@@ -462,7 +462,7 @@ class SessionLoopActor(BusActor):
             self._cancel()
             return None
         if not isinstance(message, RunSession):
-            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
         if self._ctx is not None:
             raise InvalidSessionRequest("this session loop runs one run_session only")
         request = message.request
@@ -846,7 +846,7 @@ class SessionLoopService(BusActor):
                 self.tell_to(f"{self.node.name}/{message.loop}", CancelSession())
             return None
         if not isinstance(message, RunSession):
-            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
         name = message.loop or f"session.{recorded_uuid(self.node, self.address).hex}"
         if not name.startswith("session.") or "/" in name:
             raise InvalidSessionRequest(f"a session loop's name starts with 'session.', not {name[:80]!r}")

@@ -66,7 +66,7 @@ from actors.types import (
     retry_class,
 )
 from transport.codec import JsonValue
-from transport.errors import BusError, Expired
+from transport.errors import BusError, Expired, ProtocolError
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, chained, forbid_blocking
@@ -338,7 +338,7 @@ class RunHostActor(BusActor):
                 return self._result(host.complete_capture(capture, contents, budget), ctx)
             case HostRecord(event=event):
                 return self._result(host.record(event), ctx)
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _result(self, result: Any, ctx: Context) -> Any:
         return self.answer_when_done(result, ctx)
@@ -402,7 +402,7 @@ class SubagentRunActor(BusActor):
             self._cancelled = True
             return None
         if not isinstance(message, RunSubagent):
-            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
         if self._ctx is not None:
             raise InvalidRunRequest("this run actor runs one run only")
         if message.protocol_reserve_tokens < 0:

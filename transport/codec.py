@@ -1,9 +1,13 @@
 """msgpack <-> headers and message bodies. With capture.py, the only module that imports msgpack.
 
+The header is a msgpack array of exactly 16 slots in ``envelope.Header`` field order, each slot of one
+type (``_HEADER_SLOTS``); a body is a msgpack map of the message's field names (nested messages carry
+``"$t"``: their tag). ``transport/WIRE.md`` describes both for writers of other clients.
+
 Every inbound frame is hostile until proven otherwise: sizes are bounded before decoding, msgpack runs
-with ``strict_map_key`` and ``raw=False``, only known ext types pass, header maps may not repeat a key,
-every field is type-checked against the message class, nesting is bounded, and every failure is a
-``ProtocolError`` (never a crash of the receiving thread).
+with ``strict_map_key`` and ``raw=False``, only known ext types pass (none in a header), every header slot
+and every body field is type-checked, unknown body fields are refused, nesting is bounded, and every
+failure is a ``ProtocolError`` (never a crash of the receiving thread).
 """
 
 from __future__ import annotations

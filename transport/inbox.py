@@ -91,6 +91,10 @@ class SocketInbox:
     def empty(self) -> bool:
         return not self._local
 
+    def qsize(self) -> int:
+        """Items waiting from local senders (what waits on the socket is libzmq's to count)."""
+        return len(self._local)
+
     # ------------------------------------------------------------------------ actor thread only
     def _open(self) -> None:
         self._opened = True

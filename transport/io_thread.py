@@ -20,7 +20,7 @@ import zmq
 from transport.codec import encode_header
 from transport.envelope import REPLY_FLOWS, Header, Inbound, Route, node_of
 from transport.errors import NotDelivered, ProtocolError, Unavailable
-from transport.messages import ErrorReply, Hello, Resolve, Resolved
+from transport.messages import ErrorReply, Hello, NodeStats, Resolve, Resolved, StatsQuery
 from transport.security import SecurityError, user_id
 from transport.sockets import (
     Peer,
@@ -118,7 +118,8 @@ class IoThread(threading.Thread):
             timer = node.timers.run_due()
             if timer is not None and (wait is None or timer < wait):
                 wait = timer
-            timeout_ms = 1000 if wait is None else max(0, min(1000, int(wait * 1000) + 1))
+            # `not wait < 1.0` also catches what must never get here (NaN, inf): then it wakes each second.
+            timeout_ms = 1000 if wait is None or not wait < 1.0 else max(0, int(wait * 1000) + 1)
             self.poll_until = node.monotonic() + timeout_ms / 1000
             for sock, _ in self.poller.poll(timeout_ms):
                 if sock == wake:
@@ -246,6 +247,9 @@ class IoThread(threading.Thread):
         if dst == self._directory and header.kind == Resolve.TAG:
             self._resolve(header, body, route)
             return
+        if dst == self._directory and header.kind == StatsQuery.TAG and header.is_request:
+            self._stats(header, body, route)
+            return
         if node_of(dst) != node.name:
             node.stats.incr("misrouted")
             node._fail_send(header, NotDelivered(f"{dst} is not on node {node.name}"), route)
@@ -272,6 +276,17 @@ class IoThread(threading.Thread):
             endpoints = tuple(e for e in node.direct_endpoints(query.actor) if e.startswith(scheme))
             answer = Resolved(actor=query.actor, endpoints=endpoints)
             tag, encoded = Resolved.TAG, node.registry.encode(answer)
+        except ProtocolError as exc:
+            tag, encoded = ErrorReply.TAG, node.registry.encode_error(exc)
+        reply = node.header(tag, node.directory_address, header.src, "reply", corr=header.id)
+        self._reply(route, [encode_header(reply), encoded], reply)
+
+    def _stats(self, header: Header, body: bytes, route: Route) -> None:
+        """Answer ``sys.stats`` on the I/O thread (no actor, no hop): the node's counters and each actor's."""
+        node = self.node
+        try:
+            node.registry.decode(StatsQuery.TAG, body)
+            tag, encoded = NodeStats.TAG, node.registry.encode(node.stats_report())
         except ProtocolError as exc:
             tag, encoded = ErrorReply.TAG, node.registry.encode_error(exc)
         reply = node.header(tag, node.directory_address, header.src, "reply", corr=header.id)

@@ -58,6 +58,35 @@ class Resolved:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StatsQuery:
+    """Ask ``<node>/node`` for its counters (``kbus stats``); answered with ``sys.node_stats``."""
+
+    TAG: ClassVar[str] = "sys.stats"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActorStats:
+    """One actor's counters: bus messages handled, those answered with an error, items in its mailbox."""
+
+    TAG: ClassVar[str] = "sys.actor_stats"
+    actor: str
+    handled: int = 0
+    failed: int = 0
+    mailbox: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStats:
+    """A node's counters by name (drops by reason: ``malformed``, ``spoofed``, ``misrouted``, ...) and
+    each actor's own."""
+
+    TAG: ClassVar[str] = "sys.node_stats"
+    node: str
+    counters: dict[str, int] = field(default_factory=dict)
+    actors: tuple[ActorStats, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorReply:
     """A typed error on the wire: ``error`` is the class's wire name, rebuilt by ``ErrorRegistry``."""
 
@@ -129,6 +158,9 @@ SYSTEM_MESSAGES: tuple[type[Any], ...] = (
     Hello,
     Resolve,
     Resolved,
+    StatsQuery,
+    ActorStats,
+    NodeStats,
     ErrorReply,
     Echo,
     EchoStream,

@@ -16,6 +16,7 @@ error, ``NotDelivered`` (nothing ran), ``Unavailable`` (outcome unknown) or ``Ex
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -42,7 +43,7 @@ from transport.envelope import (
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.io_thread import IoThread
 from transport.logs import LogLimiter
-from transport.messages import SYSTEM_MESSAGES, ErrorReply, Resolve, Resolved
+from transport.messages import SYSTEM_MESSAGES, ActorStats, ErrorReply, NodeStats, Resolve, Resolved
 from transport.pending import (
     BusFuture,
     PendingRequest,
@@ -85,6 +86,23 @@ class ActorRefLike(Protocol):
     def stop(self, block: bool = ..., timeout: float | None = ...) -> Any: ...
 
 
+# Counters a ``sys.stats`` answer always names, 0 until something is counted: what hostile or lost input
+# costs an operator to know about. Others (hops, fallbacks, ...) appear once counted.
+STATS_ALWAYS: tuple[str, ...] = (
+    "malformed",  # a frame whose header does not decode (or an envelope of the wrong shape)
+    "spoofed",  # an authenticated key claiming a src of another node
+    "unauthenticated",  # a CURVE frame without an authenticated key
+    "misrouted",  # addressed to another node
+    "not_delivered",  # no such actor, or a send that could not leave
+    "expired_on_arrival",  # a request already past its deadline: dropped unanswered
+    "dropped_replies",  # a reply nobody waits for (late, or to a request never sent)
+    "dropped_error_reports",  # an error about an error: never answered
+    "seq_gaps",
+    "actor_input_failures",
+    "answer_send_failures",
+)
+
+
 class Stats:
     """Counters a test or an operator can read: drops by reason, hops, gaps. Thread-safe."""
 
@@ -102,6 +120,26 @@ class Stats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._c)
+
+
+class ActorCounts:
+    """One actor's bus counters, written by that actor's thread only (so no lock) and read by anyone."""
+
+    __slots__ = ("failed", "handled")
+
+    def __init__(self) -> None:
+        self.handled = 0  # bus messages taken from the mailbox (requests, tells, replies' deliveries not)
+        self.failed = 0  # of those, answered with an error (decode failure, a raised error, a bug)
+
+
+def _mailbox_depth(ref: Any) -> int:
+    """Items waiting in an actor's mailbox (pykka's SimpleQueue, or a direct actor's SocketInbox)."""
+    inbox = getattr(ref, "actor_inbox", None)
+    qsize = getattr(inbox, "qsize", None)
+    try:
+        return int(qsize()) if qsize is not None else 0
+    except Exception:  # noqa: BLE001 - a gauge, never a reason to fail a stats answer
+        return 0
 
 
 def pick_direct(peer: Peer, endpoints: Iterable[str]) -> Peer | None:
@@ -164,6 +202,7 @@ class Node:
         self._peers: dict[str, Peer] = {p.name: p for p in peers}
         self._actors: dict[str, ActorRefLike] = {}
         self._direct: dict[str, tuple[str, ...]] = {}  # actor -> endpoints of its own socket
+        self._counts: dict[str, ActorCounts] = {}  # actor -> its counters (sys.stats)
         self._tell_error_listeners: list[Callable[[BusError, bytes | None], None]] = []
         self._outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._tls = threading.local()
@@ -335,6 +374,28 @@ class Node:
     def unregister(self, name: str, ref: object | None = None) -> None:
         if ref is None or self._actors.get(name) is ref:
             self._actors.pop(name, None)
+
+    def actor_counts(self, name: str) -> ActorCounts:
+        """The counters of actor ``name`` (a ``BusActor`` takes them at its start; kept after it stops)."""
+        counts = self._counts.get(name)
+        if counts is None:
+            counts = self._counts[name] = ActorCounts()
+        return counts
+
+    def stats_report(self) -> NodeStats:
+        """The answer to ``sys.stats``: the node's counters and, per running actor, its own."""
+        counters = dict.fromkeys(STATS_ALWAYS, 0)
+        counters.update(self.stats.snapshot())
+        counters["pending_requests"] = len(self.pending)
+        actors = []
+        for name, ref in list(self._actors.items()):
+            counts = self._counts.get(name) or ActorCounts()
+            actors.append(
+                ActorStats(
+                    actor=name, handled=counts.handled, failed=counts.failed, mailbox=_mailbox_depth(ref)
+                )
+            )
+        return NodeStats(node=self.name, counters=counters, actors=tuple(actors))
 
     def lookup(self, name: str) -> ActorRefLike | None:
         return self._actors.get(name)
@@ -676,6 +737,10 @@ class Node:
     ) -> None:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
         terminal error) on whichever thread resolves it; it must not block."""
+        if timeout is not None and not math.isfinite(timeout):
+            # A NaN or infinite wait would never expire, and a NaN at the head of the deadline heap would
+            # stop every other request behind it from expiring (it once ended the I/O thread).
+            raise ProtocolError(f"{header.kind}: a timeout must be a finite number of seconds: {timeout!r}")
         frames = [encode_header(header), body]
         if self.capture is not None:
             self.capture.record("send", header.src, frames)
@@ -847,7 +912,9 @@ class Node:
 
     def call_at(self, at: float, callback: Callable[[], None]) -> int:
         """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns
-        a handle for ``cancel_call``. Nothing runs after the node stopped."""
+        a handle for ``cancel_call``. Nothing runs after the node stopped. ``at`` must be finite."""
+        if not math.isfinite(at):
+            raise ProtocolError(f"a timer must be set for a finite time, not {at!r}")
         handle = self.timers.add(at, callback)
         io = self._io
         if io is not None and at < io.poll_until:

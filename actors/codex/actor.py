@@ -23,13 +23,14 @@ import queue
 import select
 import shutil
 import subprocess
-import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from actors.base import DEFER, BusActor, Context
+from actors.codex.homes import make_home, sweep_once
 from actors.codex.messages import (
     Abandon,
     AwaitOpen,
@@ -40,6 +41,7 @@ from actors.codex.messages import (
     Release,
     Respond,
     Retain,
+    Retained,
     StartTurn,
     TurnStarted,
     TurnUsage,
@@ -58,7 +60,7 @@ from actors.codex.types import (
     validate_config,
 )
 from actors.types import TokenUsage
-from transport.errors import ProtocolError
+from transport.errors import LimitExceeded, ProtocolError
 from transport.messages import Ok
 from transport.node import Node
 
@@ -70,6 +72,7 @@ REAP_TIMEOUT = 3.0
 # A next_event whose caller gives up within this many seconds gets no event: its reply could arrive after
 # the caller stopped waiting and be dropped; the event waits for the next call instead.
 REPLY_MARGIN = 0.05
+MAX_HANDLES = 1024  # handles (Retain) held at once; past it LimitExceeded
 MAX_GONE = 4096  # finished turns remembered (next_event answers None, usage stays readable)
 CLIENT_INFO = {"name": "kbus", "title": "kbus codex adapter", "version": "0.1.0"}
 
@@ -93,7 +96,8 @@ class LaunchOptions:
 
     ``model_base_url``: a Responses-API server (``.../v1``); codex then uses it as provider ``kbus`` with no
     credentials and no retries. ``codex_home``: ``None`` makes a fresh private directory per child, removed
-    when the child is reaped. ``extra_args`` are appended to the app-server command line.
+    when the child is reaped (and, if its owner was killed first, by the next process that starts a child:
+    ``actors.codex.homes``). ``extra_args`` are appended to the app-server command line.
     """
 
     model_base_url: str | None = None
@@ -179,14 +183,18 @@ class CodexAdapterActor(BusActor):
         *,
         config: AdapterConfig,
         launch: LaunchOptions | None = None,
+        handle: str = "",
     ) -> None:
+        """``handle``: the opener's token (``Adapter.open`` makes a random one; a replay gives none)."""
         super().__init__(node, address)
         validate_config(config)
         self.config = config
         self.launch = launch or LaunchOptions()
         # The reader and writer threads' sender addresses (one per thread: each numbers its own tells).
         self.child_srcs = (f"{address}.stdout", f"{address}.stderr", f"{address}.stdin")
-        self.refs = 1
+        # The handles given out, by token: the opener's (``handle``) and one per Retain. Only a token's holder
+        # can release it, so a hostile Release cannot close the child under its users.
+        self._handles: set[str] = {handle}
         self._proc: subprocess.Popen[bytes] | None = None
         self._home: str | None = None  # a CODEX_HOME this actor made (removed when the child is reaped)
         self._readers: list[threading.Thread] = []
@@ -235,7 +243,8 @@ class CodexAdapterActor(BusActor):
         try:
             home = launch.codex_home
             if home is None:
-                home = self._home = tempfile.mkdtemp(prefix="kbus-codex-")
+                sweep_once()  # folders SIGKILLed owners left behind
+                home = self._home = make_home()
             catalog = os.path.join(home, "kbus_model_catalog.json")
             with open(catalog, "w", encoding="utf-8") as file:
                 json.dump(model_catalog(self.config, launch), file)
@@ -386,10 +395,15 @@ class CodexAdapterActor(BusActor):
         if isinstance(message, Retain):
             if self._closing:
                 raise AdapterError(ErrorKind.UNAVAILABLE, "the adapter is closed")
-            self.refs += 1
-            return None
+            if len(self._handles) >= MAX_HANDLES:
+                raise LimitExceeded(f"{self.address} holds {MAX_HANDLES} handles already", limit=MAX_HANDLES)
+            token = uuid.uuid4().hex
+            self._handles.add(token)
+            return Retained(handle=token)
         if isinstance(message, Release):
-            self.refs -= 1
+            if message.handle not in self._handles:
+                raise AdapterError(ErrorKind.PROTOCOL, "release of a handle this adapter did not give out")
+            self._handles.discard(message.handle)
             self._close_waiters.append((ctx, Ok()))
             self._maybe_close()
             if self._closing:
@@ -831,7 +845,7 @@ class CodexAdapterActor(BusActor):
 
     # ------------------------------------------------------------------------------------ closing
     def _maybe_close(self) -> None:
-        if self.refs > 0 or self._closing:
+        if self._handles or self._closing:
             return
         if any(turn.live for turn in self._turns.values()):
             return  # AD-17: an unfinished Turn keeps the child

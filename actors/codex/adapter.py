@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import os
+import secrets
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -126,8 +127,9 @@ class _Link:
 class Adapter:
     """A handle on one Codex-adapter actor (one child). Clones share the child and the key registry."""
 
-    def __init__(self, link: _Link) -> None:
+    def __init__(self, link: _Link, handle: str) -> None:
         self._link = link
+        self._handle = handle  # this handle's token (Retained.handle): what Release names
         self._closed = False
 
     @property
@@ -151,21 +153,22 @@ class Adapter:
         # On the private node the actor's thread is a daemon: a handle left open must not keep the interpreter
         # from reaching its atexit hooks, where the node stops and the child is closed and reaped.
         kind = CodexAdapterActor if bus is not None else _PrivateCodexAdapterActor
-        ref = node.spawn(kind, actor_name, config=config, launch=launch)
+        handle = secrets.token_hex(16)  # the opener's handle: only this token closes it
+        ref = node.spawn(kind, actor_name, config=config, launch=launch, handle=handle)
         link = _Link(node, f"{node.name}/{actor_name}", DEFAULT_TIMEOUT if timeout is None else timeout)
         try:
             link.call(AwaitOpen(), timeout)
         except BaseException:
             ref.stop(block=True, timeout=10)  # reaps the child (AD-05)
             raise
-        return cls(link)
+        return cls(link, handle)
 
     @classmethod
     def attach(cls, bus: Node, address: str, *, timeout: float | None = None) -> Adapter:
         """A new handle on a running adapter actor at ``address`` (any node ``bus`` reaches)."""
         link = _Link(bus, address, DEFAULT_TIMEOUT if timeout is None else timeout)
-        link.call(Retain(), timeout)
-        return cls(link)
+        retained = link.call(Retain(), timeout)
+        return cls(link, retained.handle)
 
     @property
     def node(self) -> Node:
@@ -175,8 +178,8 @@ class Adapter:
     def clone(self) -> Adapter:
         """AD-08: another handle on the same child; ``close`` each one."""
         self._check()
-        self._link.call(Retain(), None)
-        return Adapter(self._link)
+        retained = self._link.call(Retain(), None)
+        return Adapter(self._link, retained.handle)
 
     def close(self, *, timeout: float | None = None) -> None:
         """AD-17: release this handle; the last release closes and reaps the child. Idempotent."""
@@ -184,7 +187,7 @@ class Adapter:
             return
         self._closed = True
         with contextlib.suppress(AdapterError):  # the actor is gone already: nothing left to release
-            self._link.call(Release(), timeout)
+            self._link.call(Release(handle=self._handle), timeout)
 
     def _check(self) -> None:
         if self._closed:

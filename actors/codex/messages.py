@@ -29,8 +29,20 @@ class Retain:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Retained:
+    """The answer to ``Retain``: the new handle's token, which only its holder can ``Release``."""
+
+    TAG: ClassVar[str] = "codex.retained"
+    handle: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Release:
+    """Give back the handle ``handle`` (a token ``Retain`` or ``Adapter.open`` gave out); any other token is
+    refused, so a peer cannot close a child it holds no handle on."""
+
     TAG: ClassVar[str] = "codex.release"
+    handle: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +120,7 @@ CODEX_MESSAGES = (
     *CODEX_TYPES,
     AwaitOpen,
     Retain,
+    Retained,
     Release,
     StartTurn,
     TurnStarted,

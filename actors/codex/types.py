@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeAlias
@@ -173,6 +174,10 @@ class ErrorEvent:
 Event: TypeAlias = TextDelta | ToolCallEvent | Done | ErrorEvent
 
 
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]+")
+"""What codex accepts as a dynamic tool's name (``^[a-zA-Z0-9_-]+$``)."""
+
+
 def validate_config(config: AdapterConfig) -> None:
     """AD-06/AD-07: reject an invalid config (one linear pass); ``UNAVAILABLE`` naming the field."""
 
@@ -195,6 +200,9 @@ def validate_config(config: AdapterConfig) -> None:
             raise bad(f"tools[{i}]", f"not a DynamicTool: {type(tool).__name__}")
         if not tool.name:
             raise bad(f"tools[{i}].name", "empty")
+        if not TOOL_NAME.fullmatch(tool.name):
+            # codex refuses the thread over such a name, and then every start_turn fails with SERVER
+            raise bad(f"tools[{i}].name", f"{tool.name[:80]!r} is not letters, digits, '_' and '-' only")
         if tool.name in seen:
             raise bad(f"tools[{i}].name", f"duplicate tool name {tool.name[:80]!r}")
         seen.add(tool.name)

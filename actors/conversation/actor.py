@@ -110,7 +110,7 @@ from actors.session import (
     HostPrepareRound,
     HostRecord,
 )
-from transport.errors import Expired, NotDelivered, Unavailable
+from transport.errors import Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
@@ -294,7 +294,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 if isinstance(message, CloseSession):
                     self._wake_closing()  # a sleeping wakeup loop ends now: the session is over
                 return DEFER
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def on_start(self) -> None:
         super().on_start()

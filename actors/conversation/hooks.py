@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol
 from actors.base import BusActor, Context
 from actors.conversation.permissions import PermissionDecision
 from transport.codec import JsonValue
+from transport.errors import ProtocolError
 from transport.node import Node
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class HookForwarderActor(BusActor):
                 if future is not None:
                     future.cancel()
                 return None
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _done(self, message: HookCallback) -> None:
         self._running.pop(message.request_id, None)

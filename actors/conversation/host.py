@@ -35,6 +35,7 @@ from actors.conversation.shadow import CheckpointError, ShadowRepo
 from actors.conversation.sinks import RemoteSink
 from actors.conversation.tools import ToolExecution, ToolRegistry
 from actors.effects import EffectRunner, EffectStore
+from transport.errors import ProtocolError
 from transport.node import Node
 
 __all__ = ["ToolHostActor"]
@@ -79,7 +80,7 @@ class ToolHostActor(BusActor):
                     return self._checkpoints.restore(checkpoint_id)
                 except CheckpointError as exc:
                     raise ConversationError(f"restore: {exc}") from None
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _bind_checkpoints(self, bind: BindCheckpoints) -> CheckpointsBound:
         touched = None

@@ -51,6 +51,7 @@ from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import CompletedJob, JobFinished, JobStarted
 from actors.effects import EffectRecord, unknown_text
 from actors.subprocesses import run_bounded
+from transport.errors import ProtocolError
 from transport.node import Node
 from transport.pending import Reply
 
@@ -146,7 +147,7 @@ class JobRunnerActor(BusActor):
             case CountJobs(owner=owner):
                 running = sum(1 for j in self._jobs.values() if j.done is None and owner in ("", j.owner))
                 return JobCount(running=running)
-        raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+        raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
     def _info(self, job: _Job | None, job_id: str) -> JobInfo:
         if job is None:

@@ -28,6 +28,7 @@ from actors.base import DEFER, BusActor, Context
 from actors.conversation.permissions import PermissionDecision, PermissionRequest
 from actors.conversation.tools import EventSinkLike
 from actors.conversation.types import PlanProposed, TodoItem
+from transport.errors import ProtocolError
 from transport.node import Node
 from transport.pending import Reply, chained
 
@@ -297,7 +298,7 @@ class GateActor(BusActor):
                     kind=self.kind, approved=message.approved, reason=message.reason, plan_id=message.plan_id
                 )
             case _:
-                raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+                raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
 
         def relayed(reply: Reply) -> None:
             if ctx.done:

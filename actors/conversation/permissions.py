@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from actors.base import BusActor, Context
 from transport.codec import JsonValue
+from transport.errors import ProtocolError
 from transport.node import Node
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class PermissionHookActor(BusActor):
 
     def handle(self, message: Any, ctx: Context) -> Any:
         if not isinstance(message, CheckPermission):
-            raise TypeError(f"{self.address}: unexpected {type(message).__name__}")
+            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
         result = self.hook.check(message.request)
         if isinstance(result, concurrent.futures.Future):
             return self.answer_when_done(result, ctx)

@@ -317,7 +317,7 @@ class RouterActor(BusActor):
                     incarnation=self._ledger.incarnation if self._ledger is not None else None,
                     recovered=self._recovered,
                 )
-        raise TypeError(f"the Router does not handle {type(message).__name__}")
+        raise ProtocolError(f"the Router does not handle {type(message).__name__}")
 
     def on_local(self, message: Any) -> Any:
         try:

@@ -25,7 +25,12 @@ same model, effort, instructions and tool description (``AdapterConfig`` is per 
 Options (``[providers.NAME]`` with ``kind = "codex"``): ``executable`` (default: ``find_codex()``),
 ``working_directory`` (default: the Router's working directory), ``base_instructions`` (prefixed to the
 request's), ``model_base_url`` (a Responses-API server), ``codex_home``, ``stream_idle_timeout_ms``,
-``context_window``, ``extra_args``, ``max_children``, ``open_timeout``, ``event_timeout``.
+``context_window``, ``extra_args``, ``max_children``, ``open_timeout``, ``event_timeout``,
+``recycle_after_turns`` (default 100; 0: never).
+
+Memory: every turn is a fresh codex thread and the app-server never frees one (about 1 MB and 2 file
+descriptors a turn). So a child leaves the table after ``recycle_after_turns`` turns, between turns: a turn
+still running on it keeps it (its own handle) until it ends, and the next turn opens a new child.
 """
 
 from __future__ import annotations
@@ -141,9 +146,12 @@ class CodexProvider:
         max_children: int = 4,
         open_timeout: float = 60.0,
         event_timeout: float = 3600.0,
+        recycle_after_turns: int = 100,
     ) -> None:
         if max_children < 1:
             raise ValueError("max_children must be at least 1")
+        if recycle_after_turns < 0:
+            raise ValueError("recycle_after_turns must be 0 (never) or more")
         self._executable = executable
         self._workdir = working_directory
         self._base_instructions = base_instructions
@@ -155,6 +163,11 @@ class CodexProvider:
             extra_args=tuple(extra_args),
         )
         self._max_children = max_children
+        # Each turn is a new codex thread, and the app-server frees none (about 1 MB and 2 file descriptors
+        # a turn, measured): a child is retired from the table after this many turns. A turn it is running
+        # holds a handle of its own, so the child lives until that turn ends; the next turn opens a new one.
+        self._recycle_after = recycle_after_turns
+        self._turns_on: dict[str, int] = {}  # adapter address -> turns started on it
         self._open_timeout = open_timeout
         self._event_timeout = event_timeout
         # Turns run on the Router's worker threads at once; this guards only the adapter table.
@@ -226,12 +239,16 @@ class CodexProvider:
                 self._adapters.move_to_end(key)
         if adapter is not None:
             try:
-                return key, adapter.clone()
+                mine = adapter.clone()
             except BusError:  # the child is gone (or its actor does not answer): open a new one below
                 with self._lock:
                     if self._adapters.get(key) is adapter:
                         del self._adapters[key]
+                        self._turns_on.pop(adapter.address, None)
                 _close_quietly(adapter)
+            else:
+                self._count_turn(key, adapter)
+                return key, mine
         try:
             opened = Adapter.open(config, timeout=self._open_timeout, launch=self._launch)
         except BusError as exc:  # AdapterError, or Expired when the handshake did not finish in time
@@ -250,8 +267,28 @@ class CodexProvider:
                 while len(self._adapters) > self._max_children:
                     evicted.append(self._adapters.popitem(last=False)[1])
         for old in evicted:
+            self._turns_on.pop(old.address, None)
             _close_quietly(old)  # a child still running a turn lives on until that turn's handle is closed
+        if not evicted or evicted[0] is not opened:
+            self._count_turn(key, opened)
         return key, mine
+
+    def _count_turn(self, key: tuple[str, ...], adapter: Adapter) -> None:
+        """One more turn (codex thread) on ``adapter``'s child; at ``recycle_after_turns`` the child leaves
+        the table (this turn's own handle keeps it until the turn ends)."""
+        with self._lock:
+            count = self._turns_on.get(adapter.address, 0) + 1
+            retire = 0 < self._recycle_after <= count and self._adapters.get(key) is adapter
+            if retire:
+                del self._adapters[key]
+                self._turns_on.pop(adapter.address, None)
+            else:
+                self._turns_on[adapter.address] = count
+        if retire:
+            log.info(
+                "codex child of %s served %d turns: retired after its running turns", adapter.address, count
+            )
+            _close_quietly(adapter)
 
     def _forget(self, key: tuple[str, ...], address: str) -> None:
         """Drop the cached adapter at ``address`` (its child is gone): the next turn opens a new one."""
@@ -260,6 +297,7 @@ class CodexProvider:
             if cached is None or cached.address != address:
                 return
             del self._adapters[key]
+            self._turns_on.pop(address, None)
         log.warning("codex child of %s is unavailable; the next turn starts a new one", address)
         _close_quietly(cached)
 
