@@ -154,6 +154,7 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 
 
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
+MAX_TURN_TIMEOUT_S = 7 * 24 * 3600.0  # the longest StartTurn.timeout_s: a week (a typed error past it)
 
 
 def _positive(name: str, value: float) -> float:
@@ -364,6 +365,11 @@ class RouterActor(BusActor):
 
     # ---------------------------------------------------------------------------------------- starting
     def _start(self, spec: StartTurn, ctx: Context) -> TurnStarted:
+        if spec.timeout_s is not None and not 0 < spec.timeout_s <= MAX_TURN_TIMEOUT_S:  # also NaN
+            # A turn timer past time_t kills its timer thread, and the turn would then never time out.
+            raise ProtocolError(
+                f"StartTurn.timeout_s must be in (0, {MAX_TURN_TIMEOUT_S:g}] seconds, not {spec.timeout_s!r}"
+            )
         resolved, entry, provider_entry = self.catalog.resolve(spec.model)
         try:
             provider = self._provider(provider_entry)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from actors.nodes import registry
-from actors.router.actor import RouterActor
+from actors.router.actor import MAX_TURN_TIMEOUT_S, RouterActor
 from actors.router.catalog import UnknownModel
 from actors.router.client import RouterClient
 from actors.router.ledger import ReceiptLedger
@@ -31,7 +31,7 @@ from actors.router.messages import (
 )
 from actors.router.providers.scripted import ScriptedProvider
 from actors.types import AgentProvider, ToolCallErrorKind, ToolResult
-from transport.errors import HandlerError
+from transport.errors import HandlerError, ProtocolError
 from transport.node import Node
 
 PARENT = uuid.UUID("00000000-0000-4000-8000-000000000001")
@@ -236,6 +236,19 @@ def test_a_timeout_ends_the_turn_with_a_timed_out_receipt(
         while True:
             router.next_event(op)
     assert err.value.receipt is not None and err.value.receipt.status == "timed_out"
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, float("nan"), float("inf"), 1e308])
+def test_a_turn_timeout_out_of_bounds_is_refused_before_anything_starts(
+    router: RouterClient, provider: ScriptedProvider, tmp_path: Path, timeout_s: float
+) -> None:
+    """Hostile input (issue 18): a timeout that sizes a timer has a limit and a typed error past it; no
+    intent is opened, and the Router goes on serving turns."""
+    with pytest.raises(ProtocolError, match="timeout_s must be in"):
+        start(router, timeout_s=timeout_s)
+    assert ledger_count(tmp_path) == 0
+    provider.add([{"text": "done"}])
+    assert isinstance(drain(router, start(router, timeout_s=MAX_TURN_TIMEOUT_S))[-1], TurnCompleted)
 
 
 def test_events_stream_in_one_request(router: RouterClient, provider: ScriptedProvider) -> None:
