@@ -19,11 +19,15 @@ import pytest
 
 import actors.router.actor as router_module
 from actors.conversation import ConversationRuntime, ToolRegistry
+from actors.nodes import registry as default_registry
 from actors.replay_plugin import KbusReplay
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
-from transport.capture import read_log
-from transport.codec import decode_header
+from transport.capture import CaptureWriter, read_log
+from transport.codec import decode_header, encode_header
+from transport.envelope import Header
+from transport.messages import Hello, Ping, Pong, Resolve
+from transport.replay import first_divergence
 
 SCRIPT = [{"call": {"name": "shout", "arguments": {"text": "hi"}}, "id": "c1"}, {"text": "HI"}]
 
@@ -101,7 +105,9 @@ def record(folder: Path, scratch: Path, ticker: ManualTicker, during_tool: Calla
     return folder / "n1.buslog"
 
 
-def replay(folder: Path, scratch: Path, ticker: ManualTicker, during_tool: Callable[[], None], **kw: Any) -> None:
+def replay(
+    folder: Path, scratch: Path, ticker: ManualTicker, during_tool: Callable[[], None], **kw: Any
+) -> None:
     session = KbusReplay(folder, "none", scratch)
     assert not session.recording("n1")
     run_agent(session, ticker, during_tool, **kw)
@@ -121,8 +127,9 @@ def test_mb07_a_heartbeat_sent_while_recording_under_load_is_not_a_divergence(
 ) -> None:
     """MB-07: the issue's flake. While recording, the tool "takes 11 s" (the machine is loaded) and the
     Router's tick finds its turn idle on its owner for longer than owner_ping_interval_s, so it pings the
-    turn's owner (the conversation's inference handle), which pongs. The replay is quick and sends neither: a transport-level heartbeat (answered
-    by the mailbox, never by the actor's handler) is not the actor's behaviour, and the replay passes."""
+    turn's owner (the conversation's inference handle), which pongs. The replay is quick and sends
+    neither: a transport-level heartbeat (answered by the mailbox, never by the actor's handler) is not the
+    actor's behaviour, and the replay passes."""
     ticker = ManualTicker()
 
     def slow_tool() -> None:
@@ -148,8 +155,11 @@ def test_mb07_a_heartbeat_in_the_recording_does_not_hide_a_changed_tool_result(
         ticker.tick()
 
     record(folder, tmp_path / "rec", ticker, slow_tool)
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)\(n1/agent\.host\): conv\.tool_execution differs.*"
-                       r"body\.text: expected 'HI', got 'HO'"):
+    with pytest.raises(
+        pytest.fail.Exception,
+        match=r"(?s)\(n1/agent\.host\): conv\.tool_execution differs.*"
+        r"body\.text: expected 'HI', got 'HO'",
+    ):
         replay(folder, tmp_path / "rep", ManualTicker(), lambda: None, answer="HO")
 
 
@@ -168,3 +178,37 @@ def test_mb07_a_replay_slower_than_its_recording_reads_a_clock_of_its_own(
     ticker = ManualTicker()
     replay(folder, tmp_path / "rep", ticker, lambda: ticker.tick(20))
 
+
+def write_log(path: Path, sends: list[tuple[str, Any]]) -> Path:
+    """A capture of ``sends`` ((sender, message) pairs, each an ask to another node) made with the real
+    writer and codec, as a node records them."""
+    reg = default_registry()
+    with CaptureWriter(path, node="n1", schema=reg.schema_hash()) as writer:
+        for i, (src, message) in enumerate(sends):
+            header = Header(bytes([i]) * 16, reg.tag_of(message), src, "n2/node", "ask", ts=float(i))
+            writer.record("send", src, [encode_header(header), reg.encode(message)])
+    return path
+
+
+def test_mb07_liveness_traffic_is_left_out_of_comparing_two_runs_and_nothing_else(tmp_path: Path) -> None:
+    """MB-07: ``first_divergence`` compares two runs without their heartbeats and directory lookups
+    (LIVENESS_KINDS: a Router's ``sys.resolve`` heartbeat of a plain client's node, a ``sys.ping``, a
+    mailbox's ``sys.pong``), which a slower run sends more of; the message after them is still compared."""
+    reg = default_registry()
+    hello = Hello(node="n1")
+    recorded = write_log(
+        tmp_path / "a.buslog",
+        [
+            ("n1/router", Resolve(actor="client.7.1")),
+            ("n1/router", Ping()),
+            ("n1/agent", Pong()),
+            ("n1/router", hello),
+        ],
+    )
+    quick = write_log(tmp_path / "b.buslog", [("n1/router", hello)])
+    assert first_divergence(read_log(recorded), read_log(quick), reg) is None
+
+    changed = write_log(tmp_path / "c.buslog", [("n1/router", Hello(node="n9"))])
+    divergence = first_divergence(read_log(recorded), read_log(changed), reg)
+    assert divergence is not None and divergence.index == 3 and divergence.actor == "n1/router"
+    assert divergence.diff == ("body.node: expected 'n1', got 'n9'",)
