@@ -7,10 +7,13 @@ installed has it. A test makes its nodes with ``kbus_replay.node(name, **node_op
 - **recording**, the node captures everything to ``<test folder>/replays/<module>/<test>/<node>.buslog`` (the
   *cassette*), against whatever model the test uses;
 - **replaying**, the node is a ``TapeNode``: a real node with real actors, sockets and tools, whose ids and
-  clock readings (the determinism seams of transport/replay.py) and whose Router's provider events and token
-  counts come from the cassette, so no model is loaded or called. Its own capture goes to a temporary file,
-  and at the end of the test it is compared with the cassette (``first_divergence``): the first difference
-  fails the test with the cassette's record index, the actor and a field diff.
+  wall-clock readings (the determinism seams of transport/replay.py) and whose Router's provider events and
+  token counts come from the cassette, so no model is loaded or called. Its Router's ticker runs live and
+  reads the live monotonic clock, so a replay slower or faster than its recording times its own waits.
+  Its own capture goes to a temporary file, and at the end of the test it is compared with the cassette
+  (``first_divergence``): the first difference fails the test with the cassette's record index, the actor
+  and a field diff; heartbeats (``transport.replay.LIVENESS_KINDS``), which a loaded machine sends more
+  of, are not compared.
 
 Record modes, as VCR's (``--kbus-record-mode``, default ``once``): ``once`` replays a cassette that exists
 and records one that does not; ``none`` only replays (no cassette: the test fails); ``new_episodes`` replays
@@ -31,7 +34,7 @@ from actors.router.turns import Counted, Emitted, Finished, decode_local
 from transport.capture import CaptureLog, CaptureWriter, read_log
 from transport.codec import Registry
 from transport.node import Node
-from transport.replay import MAILBOX, first_divergence
+from transport.replay import MAILBOX, MONOTONIC, first_divergence
 
 RECORD_MODES: Final = ("none", "once", "new_episodes", "all")
 
@@ -107,15 +110,18 @@ class TapeProvider:
 
 
 class TapeNode(Node):
-    """A real node whose actors' recorded effects (ids, clock readings) and Router provider turns are served
-    from a cassette (``Tape``); an effect the cassette lacks is produced live."""
+    """A real node whose actors' recorded effects (ids, wall-clock readings) and Router provider turns are
+    served from a cassette (``Tape``); an effect the cassette lacks is produced live, and so is a monotonic
+    clock reading (``transport.replay.MONOTONIC``): the Router's ticker runs live here."""
 
     def __init__(self, name: str, *, tape: Tape, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.provider_tape = tape
 
     def effect(self, actor: str, key: bytes, produce: Callable[[], bytes]) -> bytes:
-        served = self.provider_tape.effect(actor, key)
+        # A monotonic reading times the actor's own waits, driven here by a live ticker: the live clock
+        # (transport/replay.py MONOTONIC), never a recorded reading of another read.
+        served = None if key == MONOTONIC else self.provider_tape.effect(actor, key)
         value = produce() if served is None else served
         if self.capture is not None:
             self.capture.record("effect", actor, [key, value])

@@ -43,6 +43,19 @@ IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
 
 # The key of an effect record that holds a mailbox message (record_mailbox), not a value an actor asked for.
 MAILBOX = b"mailbox"
+# The key of a monotonic clock reading (``recorded_clock(node, actor, MONOTONIC, time.monotonic)``). Such a
+# reading only times an actor's own waits (liveness, how long it keeps something in memory) and is never
+# part of a message. A live replay (actors/replay_plugin.py) reads it from the live clock: the ticks and
+# timers that read it are live there, so how many readings there are and in which order depends on how fast
+# the replay runs, and a recorded one served to another read mixes two machines' clocks.
+MONOTONIC = b"monotonic"
+# Transport-level liveness and directory traffic: a heartbeat (``sys.ping``, answered by the receiver's
+# mailbox, never by its handler, with ``sys.pong``) and a ``sys.resolve`` of a node's directory (a
+# heartbeat of a plain client's node, or a lookup of an actor's own socket) with its ``sys.resolved``. How
+# many of them an actor sends depends only on how much wall time passed, so two runs of one scenario
+# compare without them (``first_divergence``); what the actor does about a heartbeat that failed (a turn
+# interrupted) is a message of its own, and is compared.
+LIVENESS_KINDS = frozenset(("sys.ping", "sys.pong", "sys.resolve", "sys.resolved"))
 _DOUBLE = struct.Struct(">d")
 
 
@@ -374,7 +387,11 @@ def _is_client(address: str) -> bool:
 def _sends_by_actor(log: CaptureLog) -> dict[str, list[Record]]:
     sends: dict[str, list[Record]] = {}
     for record in log.records:
-        if record.at == "send" and not _is_client(record.actor):
+        if (
+            record.at == "send"
+            and not _is_client(record.actor)
+            and decode_header(record.frames[0]).kind not in LIVENESS_KINDS
+        ):
             sends.setdefault(record.actor, []).append(record)
     return sends
 
@@ -382,7 +399,8 @@ def _sends_by_actor(log: CaptureLog) -> dict[str, list[Record]]:
 def first_divergence(expected: CaptureLog, actual: CaptureLog, registry: Registry) -> LogDivergence | None:
     """Compare every actor's sends in two logs of one scenario (a recording and a later run of it), in
     order, header and body field by field, ignoring what differs per run by construction (message ids,
-    times, sequence numbers, a plain thread's address); the earliest difference in ``expected`` wins."""
+    times, sequence numbers, a plain thread's address, the heartbeats and directory lookups of
+    ``LIVENESS_KINDS``); the earliest difference in ``expected`` wins."""
     want, got = _sends_by_actor(expected), _sends_by_actor(actual)
     found: list[LogDivergence] = []
     for actor in sorted(want.keys() | got.keys()):

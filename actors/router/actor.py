@@ -138,7 +138,14 @@ from actors.types import (
 from transport.errors import Expired, ProtocolError
 from transport.messages import Ping, Resolve
 from transport.pending import Reply
-from transport.replay import ReplayedMailbox, record_mailbox, recorded_clock, recorded_uuid, replaying
+from transport.replay import (
+    MONOTONIC,
+    ReplayedMailbox,
+    record_mailbox,
+    recorded_clock,
+    recorded_uuid,
+    replaying,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +217,7 @@ class RouterActor(BusActor):
         self._new_op = new_operation_id or (lambda: recorded_uuid(self.node, self.address))
         self._clock_ms = clock_ms or (lambda: int(recorded_clock(self.node, self.address) * 1000))
         self._monotonic = monotonic or (
-            lambda: recorded_clock(self.node, self.address, b"monotonic", time.monotonic)
+            lambda: recorded_clock(self.node, self.address, MONOTONIC, time.monotonic)
         )
         self._ticker = ticker
         self._tick_s = _positive("tick_s", tick_s)
