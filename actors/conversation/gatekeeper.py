@@ -70,6 +70,7 @@ from actors.conversation.timers import RealTimers, Timers
 from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import Message, TodoItem, TodoUpdated
 from transport.errors import Expired, NotDelivered
+from transport.node import Node
 from transport.pending import Reply
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class Gatekeeper:
     if TYPE_CHECKING:
         config: Any
         address: str
+        node: Node
         actor_ref: Any
         _journal: Journal | None
         _session_id: str | None
@@ -286,7 +288,16 @@ class Gatekeeper:
                 why = f"the permission hook cannot be reached ({error.message})"
             else:
                 why = f"the permission hook failed: {error}"
-            log.warning("%s: %s (call %s)", self.address, why, key)
+            # rate-limited: a peer that points the hook at a dead address must not flood the log
+            self.node.log_limit.log(
+                log,
+                logging.WARNING,
+                (self.address, "permission hook"),
+                "%s: %s (call %s)",
+                self.address,
+                why,
+                key,
+            )
             if fail_open:
                 self._final(key, PermissionDecision.allow(pre or None), then)
             else:
@@ -354,7 +365,9 @@ class Gatekeeper:
             else:
                 why = f"the hook forwarder failed on {event}: {error}"
             self._hook_failures += 1
-            log.warning("%s: %s", self.address, why)
+            self.node.log_limit.log(
+                log, logging.WARNING, (self.address, "hook forwarder"), "%s: %s", self.address, why
+            )
             if then is not None:
                 then(None, why)
 

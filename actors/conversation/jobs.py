@@ -325,6 +325,7 @@ class JobsMixin:
     _journal: Journal | None
 
     if TYPE_CHECKING:
+        node: Node
 
         def _emit(self, event: Any) -> None: ...
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
@@ -397,7 +398,14 @@ class JobsMixin:
 
         def stopped(reply: Reply) -> None:
             if reply.error is not None:
-                log.warning("%s: stopping the jobs failed: %r", self.address, reply.error)
+                self.node.log_limit.log(
+                    log,
+                    logging.WARNING,
+                    (self.address, "stop jobs"),
+                    "%s: stopping the jobs failed: %r",
+                    self.address,
+                    reply.error,
+                )
             left[0] -= 1
             if left[0] == 0:
                 then()

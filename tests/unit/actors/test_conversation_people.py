@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from actors.conversation.permissions import (
     merge_input,
 )
 from actors.conversation.types import PlanProposed, TodoItem, TodoUpdated
+from transport.logs import LogLimiter
 from transport.node import Node
 
 
@@ -516,6 +518,27 @@ def test_a_failing_forwarder_denies_pre_tool_use_and_never_ends_the_turn(env: Pe
     assert wait_until(lambda: rt.hook_stats().failures == 3)
     stats = rt.hook_stats()
     assert stats.failures == stats.forwarded == 3
+
+
+def test_a_forwarder_that_keeps_failing_is_logged_once_per_window_and_counted_every_time(
+    env: People, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hostile input (issue 18): a peer may point the hook forwarder at a dead or failing address; each
+    failure is counted, the log gets one line per window (the node's LogLimiter), not one per event."""
+
+    def answer(event: str, payload: dict[str, Any]) -> Any:
+        raise RuntimeError(f"{event} broke")
+
+    env.node.log_limit = LogLimiter(monotonic=lambda: 0.0)  # one window for the whole test
+    rt = env.build()
+    rt.set_sdk_hook_forwarder(Forwarder(answer))
+    env.script(call("record", "c1", a=1), text("one"), text("two"))
+    with caplog.at_level(logging.WARNING, logger="actors.conversation.gatekeeper"):
+        rt.run("go")
+        rt.run("again")
+        assert wait_until(lambda: rt.hook_stats().failures == 5)
+    lines = [r for r in caplog.records if "hook forwarder failed" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
 def test_a_forwarder_callback_that_times_out_is_denied_and_cancelled(env: People) -> None:
