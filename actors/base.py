@@ -100,9 +100,8 @@ class Context:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if self.header.flow == "stream":
             node = self._actor.node
-            self._actor._bus_send_answer(
-                self, node.registry.tag_of(message), node.registry.encode(message), "part"
-            )
+            body, local = node.encode_for(self.header.src, message)
+            self._actor._bus_send_answer(self, node.registry.tag_of(message), body, "part", local)
 
     def reply(self, message: Any) -> None:
         if self.expired:
@@ -113,14 +112,15 @@ class Context:
         if not self.header.is_request:
             self._finish()
             return
-        registry = self._actor.node.registry
+        node = self._actor.node
         try:
-            tag, body = registry.tag_of(message), registry.encode(message)
+            tag = node.registry.tag_of(message)
+            body, local = node.encode_for(self.header.src, message)
         except Exception as exc:  # noqa: BLE001 - a reply that cannot travel is answered with why
             self.fail(exc)
             return
         self._finish()
-        self._actor._bus_send_answer(self, tag, body, "reply")
+        self._actor._bus_send_answer(self, tag, body, "reply", local)
 
     def fail(self, error: BaseException) -> None:
         """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
@@ -220,7 +220,7 @@ class BusActor(pykka.ThreadingActor):
             timeout=timeout if timeout is not None else node.request_timeout,
             **fields,
         )
-        body = node.registry.encode(message)  # raises to the caller before anything is registered
+        body, local = node.encode_for(dst, message)  # raises to the caller before anything is registered
         self._continuations[header.id] = then
         ref = self.actor_ref
 
@@ -230,7 +230,7 @@ class BusActor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 log.info("%s stopped before its reply arrived", self.address)
 
-        node.send(header, body, deliver=deliver, timeout=timeout)
+        node.send(header, body, deliver=deliver, timeout=timeout, message=local)
         return header.id
 
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
@@ -348,7 +348,9 @@ class BusActor(pykka.ThreadingActor):
             node.record("deliver", self.address, [encode_header(header), inbound.body])
         ctx = Context(self, header, inbound.route)
         try:
-            message = node.registry.decode(header.kind, inbound.body)
+            message = inbound.message
+            if message is None:
+                message = node.registry.decode(header.kind, inbound.body)
             if isinstance(message, ErrorReply) and header.flow == "tell":
                 self.on_tell_error(node.registry.rebuild_error(message), header.corr)
                 return
@@ -435,8 +437,11 @@ class BusActor(pykka.ThreadingActor):
     def _bus_late_answer(self) -> None:
         self.node.stats.incr("late_answers")
 
-    def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
-        """Send an encoded answer to ``ctx``'s sender; a failure is counted and logged once, never raised."""
+    def _bus_send_answer(
+        self, ctx: Context, tag: str, body: bytes, flow: str, message: Any = None
+    ) -> None:
+        """Send an answer to ``ctx``'s sender (encoded, or ``message`` itself as ``Node.encode_for`` gave
+        it); a failure is counted and logged once, never raised."""
         node = self.node
         header = ctx.header
         try:
@@ -450,7 +455,7 @@ class BusActor(pykka.ThreadingActor):
                 turn=header.turn,
             )
             route = ctx.route if node_of(header.src) != node.name else None
-            node.send(reply, body, route=route)
+            node.send(reply, body, route=route, message=message)
         except Exception:  # an answer that cannot be sent must not stop the actor
             self.bus_answer_failures += 1
             node.stats.incr("answer_send_failures")
