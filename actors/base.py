@@ -10,6 +10,11 @@ raised. A deferred request is forgotten when its deadline passes, so memory retu
 
 An actor never blocks on another actor's reply: it sends a request with a continuation (``ask``) and the
 reply arrives through its own mailbox.
+
+An actor may *host* another (``host_actor``): the hosted actor is addressed, registered, started and stopped
+like any other and keeps its own state and rules, but it has no thread of its own: its mailbox items go into
+its host's mailbox and run on the host's thread, between the host's own messages. A request between host
+and hosted actor then costs no thread hand-off. A session loop hosts its inference handles this way.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ import concurrent.futures
 import contextlib
 import logging
 import queue
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pykka
+from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
 
 from transport.codec import encode_header
-from transport.envelope import Header, Inbound, InboundBatch, Route, node_of
+from transport.envelope import Address, Header, Inbound, InboundBatch, Route, node_of
 from transport.errors import BusError, Expired, ProtocolError, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
@@ -57,6 +64,33 @@ class _Expire:
     """A deferred request's deadline passed (posted by the node's timer): forget it."""
 
     request_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Hosted:
+    """A mailbox item of a hosted actor, in its host's mailbox (``BusActor.host_actor``)."""
+
+    actor: BusActor
+    envelope: Any  # pykka's Envelope, as the hosted actor's own inbox would have held it
+
+
+class _HostedInbox:
+    """A hosted actor's inbox (pykka's put/get/empty): every item goes into its host's mailbox."""
+
+    __slots__ = ("_actor", "_host")
+
+    def __init__(self, host: Any, actor: BusActor) -> None:
+        self._host = host
+        self._actor = actor
+
+    def put(self, envelope: Any) -> None:
+        self._host.put(Envelope(_Hosted(self._actor, envelope)))
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        raise RuntimeError("a hosted actor's items are taken by its host")
+
+    def empty(self) -> bool:
+        return True
 
 
 class Deferred:
@@ -100,9 +134,8 @@ class Context:
             raise RuntimeError(f"{self.header.kind}: already answered")
         if self.header.flow == "stream":
             node = self._actor.node
-            self._actor._bus_send_answer(
-                self, node.registry.tag_of(message), node.registry.encode(message), "part"
-            )
+            body, local = node.encode_for(self.header.src, message)
+            self._actor._bus_send_answer(self, node.registry.tag_of(message), body, "part", local)
 
     def reply(self, message: Any) -> None:
         if self.expired:
@@ -113,14 +146,15 @@ class Context:
         if not self.header.is_request:
             self._finish()
             return
-        registry = self._actor.node.registry
+        node = self._actor.node
         try:
-            tag, body = registry.tag_of(message), registry.encode(message)
+            tag = node.registry.tag_of(message)
+            body, local = node.encode_for(self.header.src, message)
         except Exception as exc:  # noqa: BLE001 - a reply that cannot travel is answered with why
             self.fail(exc)
             return
         self._finish()
-        self._actor._bus_send_answer(self, tag, body, "reply")
+        self._actor._bus_send_answer(self, tag, body, "reply", local)
 
     def fail(self, error: BaseException) -> None:
         """Answer with a typed error: the requester gets it raised; a tell's sender gets a tell error."""
@@ -179,6 +213,7 @@ class BusActor(pykka.ThreadingActor):
         self.bus_answer_failures = 0  # answers that could not be sent (node.stats: answer_send_failures)
         self.bus_input_failures = 0  # inbound messages whose handling failed past every error reply
         self.bus_counts = node.actor_counts(self.name)  # handled / failed, read by sys.stats
+        self._hosted: set[BusActor] = set()  # actors this one hosts (host_actor), until they stop
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -221,7 +256,7 @@ class BusActor(pykka.ThreadingActor):
             timeout=timeout if timeout is not None else node.request_timeout,
             **fields,
         )
-        body = node.registry.encode(message)  # raises to the caller before anything is registered
+        body, local = node.encode_for(dst, message)  # raises to the caller before anything is registered
         self._continuations[header.id] = then
         ref = self.actor_ref
 
@@ -232,7 +267,7 @@ class BusActor(pykka.ThreadingActor):
                 log.info("%s stopped before its reply arrived", self.address)
 
         try:
-            node.send(header, body, deliver=deliver, timeout=timeout)
+            node.send(header, body, deliver=deliver, timeout=timeout, message=local)
         except BaseException:  # refused (a timeout that is not a finite number): nothing waits for it
             self._continuations.pop(header.id, None)
             raise
@@ -241,11 +276,78 @@ class BusActor(pykka.ThreadingActor):
     def tell_to(self, dst: str, message: Any, **fields: Any) -> bytes:
         return self.node.tell(dst, message, src=self.address, **fields)
 
+    def host_actor(self, actor_class: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Start ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` on this actor's thread
+        (see the module docstring) and return its ref. Call it from this actor's thread only. The hosted
+        actor is stopped when it stops itself, when its ref is stopped, and at the latest with its host."""
+        if actor_class.DIRECT:
+            raise ValueError(f"{actor_class.__name__} takes traffic on its own socket: it needs its thread")
+        address = str(Address.parse(f"{self.node.name}/{name}"))
+        if self.node.lookup(name) is not None:
+            raise ValueError(f"{address} exists already")
+        actor = actor_class(self.node, address, *args, **kwargs)
+        inbox = _HostedInbox(self.actor_inbox, actor)
+        actor.actor_inbox = inbox
+        actor.actor_ref.actor_inbox = inbox
+        self._hosted.add(actor)
+        self.node.register(name, actor.actor_ref)
+        mark_actor_thread(address)
+        try:
+            actor.on_start()
+        except Exception:  # noqa: BLE001 - as pykka does for a failing on_start: logged, actor stopped
+            actor._handle_failure(*sys.exc_info())
+            self._hosted.discard(actor)
+            self.node.unregister(name, actor.actor_ref)
+        finally:
+            mark_actor_thread(self.address)
+        return actor.actor_ref
+
+    def _run_hosted(self, hosted: _Hosted) -> None:
+        """One mailbox item of a hosted actor, run as its own thread's loop would (pykka's actor loop)."""
+        actor, envelope = hosted.actor, hosted.envelope
+        if actor.actor_stopped.is_set():  # items left behind when it stopped: as pykka's loop teardown
+            if envelope.reply_to is not None:
+                if isinstance(envelope.message, pykka.messages._ActorStop):
+                    envelope.reply_to.set(None)
+                else:
+                    dead = pykka.ActorDeadError(f"{actor.address} stopped before handling the message")
+                    envelope.reply_to.set_exception(exc_info=(type(dead), dead, None))
+            return
+        mark_actor_thread(actor.address)
+        try:
+            response = actor._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:  # noqa: BLE001 - as pykka's loop: to the asker, else logged and the actor stops
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:  # as pykka: the hosted actor fails and stops; its host lives on
+                actor._handle_failure(*sys.exc_info())
+                try:
+                    actor.on_failure(*sys.exc_info())
+                except Exception:
+                    log.exception("%s: on_failure raised", actor.address)
+        finally:
+            mark_actor_thread(self.address)
+        if actor.actor_stopped.is_set():
+            self._hosted.discard(actor)
+
+    def _stop_hosted(self) -> None:
+        for actor in list(self._hosted):
+            if not actor.actor_stopped.is_set():
+                mark_actor_thread(actor.address)
+                try:
+                    actor._stop()
+                finally:
+                    mark_actor_thread(self.address)
+        self._hosted.clear()
+
     # ----------------------------------------------------------------------------- pykka plumbing
     def on_start(self) -> None:
         mark_actor_thread(self.address)
 
     def on_stop(self) -> None:
+        self._stop_hosted()
         self.node.unregister(self.name, self.actor_ref)
         # Answer deferred requests first: some came in over the direct socket, closed just below.
         for ctx in list(self._open.values()):
@@ -259,6 +361,7 @@ class BusActor(pykka.ThreadingActor):
             self.actor_inbox.close()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self._stop_hosted()
         self.node.unregister(self.name, self.actor_ref)
         if isinstance(self.actor_inbox, SocketInbox):
             self.actor_inbox.close()
@@ -273,6 +376,9 @@ class BusActor(pykka.ThreadingActor):
         if kind is InboundBatch:
             for inbound in message:
                 self._inbound(inbound)
+            return None
+        if kind is _Hosted:
+            self._run_hosted(message)
             return None
         return super()._handle_receive(message)
 
@@ -355,7 +461,9 @@ class BusActor(pykka.ThreadingActor):
             node.record("deliver", self.address, [encode_header(header), inbound.body])
         ctx = Context(self, header, inbound.route)
         try:
-            message = node.registry.decode(header.kind, inbound.body)
+            message = inbound.message
+            if message is None:
+                message = node.registry.decode(header.kind, inbound.body)
             if isinstance(message, ErrorReply) and header.flow == "tell":
                 self.on_tell_error(node.registry.rebuild_error(message), header.corr)
                 return
@@ -444,8 +552,9 @@ class BusActor(pykka.ThreadingActor):
     def _bus_late_answer(self) -> None:
         self.node.stats.incr("late_answers")
 
-    def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str) -> None:
-        """Send an encoded answer to ``ctx``'s sender; a failure is counted and logged once, never raised."""
+    def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str, message: Any = None) -> None:
+        """Send an answer to ``ctx``'s sender (encoded, or ``message`` itself as ``Node.encode_for`` gave
+        it); a failure is counted and logged once, never raised."""
         node = self.node
         header = ctx.header
         try:
@@ -459,7 +568,7 @@ class BusActor(pykka.ThreadingActor):
                 turn=header.turn,
             )
             route = ctx.route if node_of(header.src) != node.name else None
-            node.send(reply, body, route=route)
+            node.send(reply, body, route=route, message=message)
         except Exception:  # an answer that cannot be sent must not stop the actor
             self.bus_answer_failures += 1
             node.stats.incr("answer_send_failures")

@@ -621,7 +621,8 @@ class SessionLoopActor(BusActor):
             user_id=request.user_id, operation_id=request.operation_id, round=self._round, prepared=prepared
         )  # RS-08: prepared passed through unchanged
         name = f"{self.name}.inference.{next(self._handles)}"
-        self._handle_ref = self.node.spawn(
+        # Hosted on this loop's thread: the loop's requests to its handle, and the answers, change no thread.
+        self._handle_ref = self.host_actor(
             InferenceHandleActor,
             name,
             router=self._router,

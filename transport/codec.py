@@ -173,6 +173,38 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
 Converter = Callable[[Any, int], Any]
 
 
+_SCALARS: frozenset[type[Any]] = frozenset((int, float, bool, type(None), uuid.UUID))
+
+
+def _share_budget(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> int:
+    """``Registry.shareable``'s walk: what is left of ``budget`` (bytes the body could take at most) after
+    ``value``, or -1 when a mutable container is inside it or the bound is passed."""
+    cls = type(value)
+    budget -= 16  # a bound on msgpack's own bytes for one value (and its map key)
+    if cls is str:
+        return budget - 4 * len(value)  # UTF-8: at most 4 bytes a character
+    if cls is bytes:
+        return budget - len(value)
+    if cls in _SCALARS or isinstance(value, enum.Enum):
+        return budget
+    if depth > 32 or budget < 0:
+        return -1
+    names = fields.get(cls)
+    if names is not None:
+        for name in names:
+            budget = _share_budget(getattr(value, name), fields, budget - 4 * len(name), depth + 1)
+            if budget < 0:
+                return -1
+        return budget
+    if cls is tuple or cls is frozenset:
+        for item in value:
+            budget = _share_budget(item, fields, budget, depth + 1)
+            if budget < 0:
+                return -1
+        return budget
+    return -1
+
+
 class Registry:
     """The explicit table of message classes (tag -> class) and error classes a node speaks.
 
@@ -281,6 +313,15 @@ class Registry:
         if len(frame) > self.max_body_bytes:
             raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
         return frame
+
+    def shareable(self, message: Any) -> bool:
+        """True when ``message`` may be handed to another thread of this process as it is, instead of as a
+        body frame: a registered (so frozen) message whose every field value is immutable all the way down
+        (scalars, bytes, UUIDs, enums, tuples and frozensets of such, registered messages of such). A dict
+        or a list anywhere means no: the receiver would share a value the sender can still change. So does a
+        message that might encode past ``max_body_bytes``: it is encoded, so it fails as it would remotely."""
+        fields = self._fields
+        return type(message) in fields and _share_budget(message, fields, self.max_body_bytes, 0) >= 0
 
     # -- decoding
     def decode(self, kind: str, frame: bytes) -> Any:

@@ -134,11 +134,16 @@ Route = tuple[Any, ...]
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
-    """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back."""
+    """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back.
+
+    From a sender in the same process (and no capture), ``message`` is the sent message itself and ``body``
+    is empty: the message was ``Registry.shareable`` (immutable all the way down), so handing it over is as
+    isolated as a copy, without the encode and the decode."""
 
     header: Header
     body: bytes
     route: Route | None
+    message: Any = None
 
 
 class InboundBatch(tuple[Inbound, ...]):

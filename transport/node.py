@@ -6,8 +6,10 @@ Threads and sockets:
   (never bodies), authorises, and puts each inbound message straight into the target actor's mailbox.
 - Other threads hand outbound frames to it through a queue plus an eventfd wake-up (one hop).
 - A plain thread that *blocks* on a request to a peer uses its own ``Channel`` (fast path, no hop).
-- Messages between actors of the same node never touch a socket (still encoded, so what works locally
-  works remotely, and capture sees the same bytes).
+- Messages between actors of the same node never touch a socket. A message that is immutable all the way
+  down (``Registry.shareable``) is handed over as it is, without an encode and a decode: sharing it is as
+  isolated as a copy. Any other message, and every message while the node captures, still goes as its
+  encoded body, so capture sees the same bytes a socket would carry.
 
 Delivery is at-most-once. Every request ends in exactly one terminal outcome: a reply, an application
 error, ``NotDelivered`` (nothing ran), ``Unavailable`` (outcome unknown) or ``Expired``.
@@ -639,7 +641,8 @@ class Node:
         )
         future.request_id = header.id
         future._on_cancel = lambda: self.pending.discard(header.id)
-        self.send(header, self.registry.encode(message), deliver=deliver, timeout=timeout)
+        body, local = self.encode_for(dst, message)
+        self.send(header, body, deliver=deliver, timeout=timeout, message=local)
         return future
 
     def tell(self, dst: str, message: Any, *, src: str | None = None, **fields: Any) -> bytes:
@@ -651,7 +654,8 @@ class Node:
                 return self._channel_tell(peer, dst, message, fields)
         src = src or self.client_address()
         header = self.header(self.registry.tag_of(message), src, dst, "tell", **fields)
-        self.send(header, self.registry.encode(message))
+        body, local = self.encode_for(dst, message)
+        self.send(header, body, message=local)
         return header.id
 
     def _channel_tell(self, peer: Peer, dst: str, message: Any, fields: dict[str, Any]) -> bytes:
@@ -726,6 +730,27 @@ class Node:
             self.capture.record("effect", actor, [key, value])
         return value
 
+    def local_message(self, dst: str, message: Any) -> Any:
+        """``message`` itself when a send to ``dst`` may hand it over unencoded (``send(..., message=)``):
+        ``dst`` is on this node, the node does not capture, and ``message`` is ``Registry.shareable``.
+        Otherwise None: the caller encodes the body."""
+        if (
+            self.capture is None
+            and node_of(dst) == self.name
+            and type(message) is not ErrorReply  # rebuilt into its error on arrival: always encoded
+            and self.registry.shareable(message)
+        ):
+            return message
+        return None
+
+    def encode_for(self, dst: str, message: Any) -> tuple[bytes, Any]:
+        """The ``(body, message)`` pair ``send`` takes for ``message`` to ``dst``: ``(b"", message)`` when it
+        may go unencoded (``local_message``), else ``(encoded body, None)``. Raises when it cannot travel."""
+        local = self.local_message(dst, message)
+        if local is not None:
+            return b"", local
+        return self.registry.encode(message), None
+
     def send(
         self,
         header: Header,
@@ -734,17 +759,22 @@ class Node:
         deliver: Callable[[Reply], None] | None = None,
         timeout: float | None = None,
         route: Route | None = None,
+        message: Any = None,
     ) -> None:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
-        terminal error) on whichever thread resolves it; it must not block."""
+        terminal error) on whichever thread resolves it; it must not block. ``message`` (with an empty
+        ``body``) is a message ``local_message`` let go unencoded to an actor of this node."""
         if timeout is not None and not math.isfinite(timeout):
             # A NaN or infinite wait would never expire, and a NaN at the head of the deadline heap would
             # stop every other request behind it from expiring (it once ended the I/O thread).
             raise ProtocolError(f"{header.kind}: a timeout must be a finite number of seconds: {timeout!r}")
-        frames = [encode_header(header), body]
-        if self.capture is not None:
-            self.capture.record("send", header.src, frames)
         dst_node = node_of(header.dst)
+        if message is not None and (dst_node != self.name or self.capture is not None):
+            body, message = self.registry.encode(message), None  # not what local_message allows: encoded
+        if message is None:
+            frames = [encode_header(header), body]
+            if self.capture is not None:
+                self.capture.record("send", header.src, frames)
         if deliver is not None:
             deadline = self.monotonic() + (self.request_timeout if timeout is None else timeout)
             self.pending.add(PendingRequest(header.id, dst_node, deadline, deliver, header.flow == "stream"))
@@ -754,7 +784,9 @@ class Node:
         if not self._running:
             self._fail_send(header, NotDelivered(f"node {self.name} is not running"))
             return
-        if route is not None and route[0] == "self":
+        if message is not None:
+            self.deliver_local(header, body, message=message)
+        elif route is not None and route[0] == "self":
             # Over a direct actor's own socket: this is that actor's thread, the socket's owner.
             if not route[2].send(route[1], frames):
                 self._fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
@@ -765,10 +797,18 @@ class Node:
         else:
             self._outbox_put(("send", dst_node, frames, header))
 
-    def deliver_local(self, header: Header, body: bytes, route: Route | None = None) -> None:
-        """Route one envelope that arrived for this node (from a socket or from a local sender)."""
+    def deliver_local(
+        self, header: Header, body: bytes, route: Route | None = None, *, message: Any = None
+    ) -> None:
+        """Route one envelope that arrived for this node (from a socket or from a local sender; a local
+        sender's ``message`` comes unencoded, see ``send``)."""
         if header.is_reply:
-            self.pending.resolve(header.corr or b"", self.reply_of(header, body))
+            reply = (
+                self.reply_of(header, body)
+                if message is None
+                else Reply(message, None, header.flow == "reply", header)
+            )
+            self.pending.resolve(header.corr or b"", reply)
             return
         actor_key = header.dst.partition("/")[2]
         ref = self._actors.get(actor_key)
@@ -780,7 +820,7 @@ class Node:
             self._fail_send(header, NotDelivered(f"no actor {header.dst}"), route)
             return
         try:
-            ref.tell(Inbound(header, body, route))
+            ref.tell(Inbound(header, body, route, message))
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
             self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)

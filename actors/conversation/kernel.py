@@ -222,7 +222,7 @@ class KernelHost(BusActor):
     def _kernel(self, run: KernelRun, then: Callable[[BaseException | None], None]) -> None:
         """Run one run_session with this actor as its host; ``then(error)`` when it ends."""
         name = f"{self.name}.loop.{next(self._loops)}"
-        self.node.spawn(SessionLoopActor, name)
+        self.host_actor(SessionLoopActor, name)  # on this thread: its host calls cost no hand-off
         run.loop = f"{self.node.name}/{name}"
         self._run = run
         request = SessionRunRequest(

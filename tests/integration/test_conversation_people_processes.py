@@ -6,6 +6,7 @@ run)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,9 +44,11 @@ PLAN = [{"call": {"name": "exit_plan_mode", "arguments": {"plan": "1. look\n2. c
 
 
 def wait_pending(rt: ConversationRuntime) -> str:
-    """The plan the conversation holds, once it holds one (bounded; each query is itself bounded)."""
+    """The plan the conversation holds, once it holds one (bounded by WAIT; each query is itself bounded).
+    Bounded by time, not by a count of queries: faster queries must not shorten the wait."""
     gate = rt.plan_approval_gate()
-    for _ in range(400):
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
         plan = gate.pending_plan()
         if plan is not None:
             return plan

@@ -22,8 +22,9 @@ from actors.echo import EchoActor
 from transport import Node, Peer
 from transport.capture import CaptureWriter
 from transport.envelope import Header
-from transport.errors import MAX_ERROR_TEXT, BusError, Expired, HandlerError, ProtocolError
+from transport.errors import MAX_ERROR_TEXT, BusError, Expired, HandlerError, NotDelivered, ProtocolError
 from transport.messages import Echo, Fail, Hold, Ping, Pong
+from transport.node import BARRIER
 from transport.pending import Reply
 
 WAIT = 10.0
@@ -261,8 +262,9 @@ def test_an_answered_request_cancels_its_timer(timed_node: Node) -> None:
 
 
 def test_answering_an_expired_request_later_is_a_counted_no_op(timed_node: Node, clock: FakeClock) -> None:
-    timed_node.spawn(Keeper, "keeper")
+    keeper = timed_node.spawn(Keeper, "keeper")
     futures = [timed_node.request_future("n1/keeper", Hold(), timeout=1.0) for _ in range(5)]
+    keeper.ask(BARRIER, timeout=WAIT)  # the keeper holds all five (their timers are set) before time moves
     clock.advance(2.0)
     run_timers(timed_node)
     assert all(isinstance(f.exception(WAIT), Expired) for f in futures)
@@ -330,3 +332,55 @@ def test_node_stop_leaves_an_actor_stuck_in_a_handler_behind_and_names_it() -> N
     finally:
         release.set()
         node.stop()
+
+
+# ------------------------------------------------------------------------------------ hosted actors
+class ThreadEcho(BusActor):
+    """Answers with the ident of the thread it runs on."""
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if message.text == "raise":
+            raise RuntimeError("a bug in the hosted actor")
+        return Echo(seq=threading.get_ident())
+
+
+class Hoster(BusActor):
+    """Hosts a ThreadEcho as ``guest`` on ``Echo(text="host")``; answers others with its own thread ident."""
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if message.text == "host":
+            self.host_actor(ThreadEcho, "guest")
+            return None
+        return Echo(seq=threading.get_ident())
+
+
+def test_a_hosted_actor_runs_on_its_hosts_thread_and_stops_with_it(node: Node) -> None:
+    host = node.spawn(Hoster, "host")
+    node.request("n1/host", Echo(text="host"), timeout=WAIT)
+    host_thread = node.request("n1/host", Echo(), timeout=WAIT).seq
+    assert node.request("n1/guest", Echo(), timeout=WAIT).seq == host_thread
+    # A bug in the guest's handler is answered as one, and neither the guest nor its host stops.
+    with pytest.raises(HandlerError):
+        node.request("n1/guest", Echo(text="raise"), timeout=WAIT)
+    assert node.request("n1/guest", Echo(), timeout=WAIT).seq == host_thread
+    guest = node.lookup("guest")
+    assert guest is not None
+    host.stop(block=True, timeout=WAIT)
+    assert node.lookup("guest") is None
+    assert not guest.is_alive()  # type: ignore[attr-defined]
+    with pytest.raises(NotDelivered):
+        node.request("n1/guest", Echo(), timeout=WAIT)
+
+
+def test_a_hosted_actor_stopped_by_its_ref_leaves_its_host_serving(node: Node) -> None:
+    node.spawn(Hoster, "host")
+    node.request("n1/host", Echo(text="host"), timeout=WAIT)
+    guest = node.lookup("guest")
+    assert guest is not None
+    assert guest.stop(block=True, timeout=WAIT) is True
+    assert node.lookup("guest") is None
+    with pytest.raises(NotDelivered):
+        node.request("n1/guest", Echo(), timeout=WAIT)
+    assert node.request("n1/host", Echo(), timeout=WAIT).seq > 0
+    node.request("n1/host", Echo(text="host"), timeout=WAIT)  # the name is free again
+    assert node.request("n1/guest", Echo(), timeout=WAIT).seq > 0

@@ -1,0 +1,103 @@
+"""In-process deliveries without a codec round trip (transport/node.py ``local_message``).
+
+A message that is immutable all the way down goes to an actor of the same node as the object itself; one that
+holds a dict or a list, one that might encode past the body bound, and every message while the node captures,
+go as their encoded body. Isolation is what both ways must keep: what arrived never changes under the
+receiver, whatever the sender does afterwards.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.base import BusActor, Context
+from actors.echo import EchoActor
+from transport import Node
+from transport.capture import CaptureWriter, read_log
+from transport.errors import ProtocolError
+from transport.messages import Echo
+
+WAIT = 10.0
+
+
+class Keep(BusActor):
+    """Puts every message it is told into a queue the test reads (the object as it arrived)."""
+
+    def __init__(self, node: Node, address: str, out: queue.SimpleQueue[Any]) -> None:
+        super().__init__(node, address)
+        self.out = out
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        self.out.put(message)
+        return None
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    return make_node("n1")
+
+
+def test_mb05_immutable_messages_arrive_as_sent_unencoded_and_in_order(node: Node) -> None:
+    """MB-05 over the handover: tells from one thread arrive in the order sent, each the very object."""
+    out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    node.spawn(Keep, "keep", out)
+    sent = [Echo(payload=b"x" * 10, text=f"t{i}", seq=i) for i in range(50)]
+    for message in sent:
+        node.tell("n1/keep", message)
+    got = [out.get(timeout=WAIT) for _ in sent]
+    assert [m.seq for m in got] == list(range(50))
+    assert all(a is b for a, b in zip(got, sent, strict=True))  # no encode, no decode
+
+
+def test_a_message_holding_a_dict_is_encoded_so_the_sender_cannot_change_what_arrived(node: Node) -> None:
+    out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    node.spawn(Keep, "keep", out)
+    data: dict[str, Any] = {"k": [1, 2]}
+    node.tell("n1/keep", Echo(data=data))
+    data["k"].append(3)
+    got = out.get(timeout=WAIT)
+    assert got.data == {"k": [1, 2]}
+    assert got.data is not data
+
+
+def test_a_reply_holding_a_list_is_a_copy_and_an_immutable_reply_is_the_object(node: Node) -> None:
+    node.spawn(EchoActor, "echo")
+    message = Echo(data=[1, 2])
+    reply = node.request("n1/echo", message, timeout=WAIT)
+    assert reply == message and reply.data is not message.data
+    plain = Echo(text="same")
+    assert node.request("n1/echo", plain, timeout=WAIT) is plain
+
+
+def test_a_message_that_might_pass_the_body_bound_is_encoded_and_refused_as_remotely(
+    make_node: Callable[..., Node],
+) -> None:
+    from transport.codec import Registry
+    from transport.messages import SYSTEM_MESSAGES
+
+    small = make_node("n2", registry=Registry(SYSTEM_MESSAGES, max_body_bytes=1000))
+    small.spawn(EchoActor, "echo")
+    assert small.request("n2/echo", Echo(text="x" * 100), timeout=WAIT).text == "x" * 100
+    with pytest.raises(ProtocolError, match="exceeds"):
+        small.request("n2/echo", Echo(text="x" * 1200), timeout=WAIT)
+
+
+def test_with_capture_on_every_local_message_is_recorded_as_its_bytes(
+    make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    capture = CaptureWriter(tmp_path / "n3.buslog", node="n3", schema="test")
+    node = make_node("n3", capture=capture)
+    node.spawn(EchoActor, "echo")
+    for i in range(3):
+        node.request("n3/echo", Echo(seq=i), timeout=WAIT)
+    node.stop()
+    records = [r for r in read_log(tmp_path / "n3.buslog").records if r.at in ("send", "deliver")]
+    # Per request: its send, its delivery to the echo actor, the reply's send (a plain thread's future
+    # records no delivery of its own).
+    assert [r.at for r in records] == ["send", "deliver", "send"] * 3
+    assert all(len(r.frames) == 2 and r.frames[1] for r in records)
