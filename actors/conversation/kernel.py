@@ -185,6 +185,12 @@ class KernelHost(BusActor):
     def _cancel_requested(self) -> bool:
         raise NotImplementedError
 
+    def _new_operation_id(self) -> uuid.UUID:
+        """A new operation id: the builder's factory if one was given, else a uuid4 that a capture records
+        and a replay serves from the log (transport.replay.recorded_uuid)."""
+        factory = self.config.operation_ids
+        return factory() if factory is not None else recorded_uuid(self.node, self.address)
+
     def _local_tool(self, name: str, arguments: dict[str, Any], key: str) -> LocalResult:
         """A tool the conversation actor runs itself (``schedule_wakeup``, the job tools): its result, or a
         function that starts it and later calls ``finished(result)``; None: a tool of the tool host."""
@@ -227,7 +233,7 @@ class KernelHost(BusActor):
         self._run = run
         request = SessionRunRequest(
             user_id=self.config.user_id,
-            operation_id=(self.config.operation_ids or (lambda: recorded_uuid(self.node, self.address)))(),
+            operation_id=self._new_operation_id(),
             rounds_used=0,
             round_limit=1,
             call_timeout=max(self.config.call_timeout, self.config.tool_timeout + self._people_wait()),

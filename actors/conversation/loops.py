@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -172,6 +173,7 @@ class LoopsMixin:
 
     if TYPE_CHECKING:
 
+        def _new_operation_id(self) -> uuid.UUID: ...
         def _emit(self, event: Any) -> None: ...
         def _write(self, what: str, write: Callable[[Journal], None]) -> None: ...
         def _done(self, ctx: Context, result: Any) -> None: ...
@@ -237,7 +239,7 @@ class LoopsMixin:
             raise ConversationError(f"max_turns must be >= 0, not {max_turns}")
         if budget is not None and budget <= 0:
             raise ConversationError(f"a token budget must be > 0, not {budget}")
-        goal_id = self.config.operation_ids().hex if loop else None
+        goal_id = self._new_operation_id().hex if loop else None
         self._write(
             "the goal",
             lambda j: j.loop_record(
