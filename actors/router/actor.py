@@ -545,6 +545,7 @@ class RouterActor(BusActor):
                     usage=usage,
                     receipt=receipt,
                     continuation=self._continuation(turn, outcome),
+                    finish_reason=outcome.finish_reason,
                 ),
             )
             return
