@@ -1156,8 +1156,8 @@ def _repl(agent: Agent) -> None:
                     finally:
                         agent.progress.stop()
                     after = len(agent.runtime.transcript())
-                except BusError as exc:
-                    print(f"kbus: compaction failed: {one_line(exc)}", flush=True)
+                except BusError as exc:  # a summary refused (empty, an echo) or failed: nothing replaced
+                    print(f"kbus: /compact: {one_line(exc)}", flush=True)
                     continue
                 if after == before:
                     print(f"nothing to compact yet ({before} messages)", flush=True)

@@ -35,6 +35,7 @@ scripts = [
    { text = "The answer is 42.", chunks = 3 }],
   [{ text = "You are welcome." }],
   [{ text = "Sure." }],
+  [{ text = "Summarize the conversation below for your own later use." }],
   [{ text = "Summary: 6 * 7 is 42." }],
 ]
 """
@@ -95,6 +96,10 @@ def test_kbus_chat_in_a_terminal_turns_model_switch_compact_and_quit(
         pty.send("one more")
         assert "Sure." in pty.expect("[done]")
         pty.expect("you> ")
+        pty.send("/compact")  # CP-17: the summary echoes the summariser's instruction: refused, all kept
+        refused = pty.expect("you> ")
+        assert "kbus: /compact: the model's summary repeats the summariser's instruction" in refused
+        assert "the 8 messages are kept" in refused and "compacted" not in refused, refused
         pty.send("/compact")  # the first turn (a tool-call pair) is summarised, the last four kept
         assert re.search(r"compacted: 8 messages -> 5", pty.expect("you> ")), pty.seen
         pty.send("/quit")
@@ -559,6 +564,26 @@ def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) ->
     assert done["finish_reason"] == "stop" and done["tool_calls"] == 1 and done["usage"] is None
     assert len(done["receipts"]) == 1 and done["receipts"][0].startswith("rcpt-")  # one provider turn
     assert "[tool" not in err and "[done]" not in err
+
+
+def test_a_reply_cut_at_the_token_limit_ends_with_finish_reason_length(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    """Issue 16: the provider's finish reason travels the Router's TurnCompleted, the inference handle, the
+    session loop and the conversation to the [done] line and the --json done event."""
+    config = tmp_path / "cut.toml"
+    config.write_text(
+        '[providers.scripted]\nkind = "scripted"\n'
+        'scripts = [[{ text = "Once upon a" }, { finish = "length" }]]\n'
+    )
+    base = ["--config", str(config), "-m", "scripted", "--data-dir", str(tmp_path / "data")]
+    code, out, err = finish(kbus_process("run", "a long story", *base))
+    assert code == 0 and out == "Once upon a\n", out + err
+    assert err.startswith("[done] length · 0 tool calls"), err
+    code, out, err = finish(kbus_process("run", "a long story", "--json", *base))
+    assert code == 0, out + err
+    done = json.loads(out.splitlines()[-1])
+    assert done["type"] == "done" and done["finish_reason"] == "length", out
 
 
 def test_config_is_found_at_kbus_config_then_xdg_config_home(kbus_process: Start, tmp_path: Path) -> None:
