@@ -53,7 +53,7 @@ import threading
 import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -1283,6 +1283,37 @@ def _find(shadow: Any, checkpoint_id: str, session: str | None) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- parser
+GLOBAL_FLAGS: Final = frozenset({"-q", "--quiet", "--json", "-v", "--verbose"})
+GLOBAL_VALUED: Final = frozenset({"--config", "-m", "--model"})
+
+
+def options_after_command(argv: Sequence[str], commands: Iterable[str]) -> list[str]:
+    """``argv`` with the global options given before the subcommand (``--config FILE``, ``-m MODEL``, ``-q``,
+    ``--json``, ``-v``) moved right after it, where its own parser reads them: ``kbus --json -m x run P`` is
+    ``kbus run --json -m x P``. A subcommand without such an option refuses it as usual (a usage error).
+    Without a subcommand ``argv`` is returned as it is (argparse says what is missing)."""
+    names = set(commands)
+    before: list[str] = []
+    moved: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names:
+            return [*before, arg, *moved, *argv[i + 1 :]]
+        if arg == "--":
+            break
+        joined = "=" in arg and arg.split("=", 1)[0] in GLOBAL_VALUED  # --config=FILE, --model=M
+        if arg in GLOBAL_FLAGS or joined or (arg.startswith("-m") and arg != "-m"):  # or -mMODEL
+            moved.append(arg)
+        elif arg in GLOBAL_VALUED and i + 1 < len(argv):
+            moved += [arg, argv[i + 1]]
+            i += 1
+        else:
+            before.append(arg)
+        i += 1
+    return list(argv)
+
+
 def config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",

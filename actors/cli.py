@@ -359,7 +359,11 @@ def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def main(argv: Sequence[str] | None = None) -> int:
     check_install()
-    args = parser().parse_args(argv)
+    from actors.agent_cli import options_after_command
+
+    ap = parser()
+    commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    args = ap.parse_args(options_after_command(sys.argv[1:] if argv is None else argv, commands))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

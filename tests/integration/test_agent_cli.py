@@ -544,6 +544,20 @@ def test_the_prompt_comes_from_stdin(kbus_process: Start, tmp_path: Path, args: 
     assert read_journal(session).transcript[0].content == prompt
 
 
+def test_global_options_work_before_the_subcommand(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: --config, -m, -q and --json before the subcommand, as after it; one it has not is a usage
+    error (exit 2, one line)."""
+    config = tmp_path / "scripted.toml"
+    config.write_text(SCRIPTED)
+    front = ["--config", str(config), "-m", "scripted"]
+    code, out, err = finish(kbus_process("-q", *front, "run", "what is 6 * 7?", "--data-dir", str(tmp_path)))
+    assert (code, out, err) == (0, "The answer is 42.\n", ""), out + err
+    code, out, err = finish(kbus_process("--json", "--config", str(config), "models"))
+    assert code == 0 and {json.loads(line)["model"] for line in out.splitlines()} >= {"scripted", "smollm2"}
+    code, out, err = finish(kbus_process("-q", "models"))
+    assert code == 2 and "unrecognized arguments: -q" in err and "Traceback" not in err, err
+
+
 def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) -> None:
     code, out, err = run_scripted(kbus_process, tmp_path, "what is 6 * 7?", "--json")
     assert code == 0, out + err
