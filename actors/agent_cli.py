@@ -67,7 +67,6 @@ DEMO_PROMPT: Final = (
 )
 DEFAULT_MODEL: Final = "smollm2"
 CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Router
-PROMPT_BYTES: Final = (1 << 20) - (64 << 10)  # room for the rest of a conv.run message (transport.codec)
 QUIT_WINDOW: Final = 2.0  # seconds: a second Ctrl-C within this of the first quits
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
@@ -483,6 +482,7 @@ class Agent:
         self.checkpoint_session: str | None = None
         self.shadow: Any = None
         self.resolved: Any = None  # the current model's ResolvedAgentModel
+        self.frame_bytes = 1 << 20  # this process's node.max_frame_bytes (set by start)
         self.last_interrupt = -math.inf  # when Ctrl-C was last pressed (two within QUIT_WINDOW quit)
         self.key_clock: Callable[[], float] = time.monotonic
         self.wakeup_slot: Any = None
@@ -590,6 +590,7 @@ class Agent:
             raise CliError(f"{exc}") from None
         router = next(a.name for a in settings.actors if a.type == "router")
         self.router = f"{self.node.name}/{router}"
+        self.frame_bytes = settings.node.max_frame_bytes
 
     def _connect(self) -> None:
         from actors.nodes import registry
@@ -614,8 +615,9 @@ class Agent:
             if self.args.key
             else f"kbus-{self.args.command}-{os.getpid()}"
         )
+        self.frame_bytes = frame_limit(self.args)  # the node at the endpoint has its own (its config's)
         try:
-            self.node = Node(name, registry=registry(), security=_security(self.args)).start()
+            self.node = Node(name, registry=registry(self.frame_bytes), security=_security(self.args)).start()
             server_key = _server_key(self.args.server_key)
             self.node.connect(Peer(self.args.node, self.args.connect, server_key), wait=CONNECT_WAIT)
         except BusError as exc:
@@ -678,7 +680,7 @@ class Agent:
         """Refuse a prompt no request could carry, in one line naming the limit and what changes it."""
         from actors.router.providers.base import estimate_tokens
 
-        check_prompt_size(text)
+        check_prompt_size(text, self.frame_bytes)
         if self.resolved is not None:
             tokens = estimate_tokens(text)
             if tokens > self.resolved.max_input_tokens:
@@ -841,15 +843,44 @@ class Agent:
         )
 
 
-def check_prompt_size(text: str) -> None:
-    """CliError 2 for a prompt larger than one bus message can carry."""
-    from transport.codec import MAX_BODY_BYTES
+FRAME_SETTING: Final = "max_frame_bytes in the config's [node] table"
 
+
+def frame_limit(args: argparse.Namespace) -> int:
+    """The largest message this process's node carries (``node.max_frame_bytes``): the config's ``[node]``
+    value, else enough for the largest context window of its ``[models.*]`` (``config.default_frame_bytes``:
+    1 MiB for the built-in catalog). With ``--connect`` a config that cannot be read gives 1 MiB."""
+    from config import default_frame_bytes
+
+    try:
+        raw = load_catalog(args)[1]
+    except CliError:
+        if getattr(args, "connect", None):
+            return default_frame_bytes({})
+        raise
+    node = raw.get("node")
+    given = node.get("max_frame_bytes") if isinstance(node, Mapping) else None
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    return default_frame_bytes(raw)
+
+
+def prompt_bytes(frame_bytes: int) -> int:
+    """The largest prompt a turn can carry: a round's message holds its transcript twice (its input and its
+    provider input), with room for the rest (``config.settings.FRAME_SLACK_BYTES``)."""
+    from config.settings import FRAME_SLACK_BYTES
+
+    return max(0, (frame_bytes - FRAME_SLACK_BYTES) // 2)
+
+
+def check_prompt_size(text: str, frame_bytes: int) -> None:
+    """CliError 2 for a prompt larger than a bus message can carry, naming the setting that changes it."""
     size = len(text.encode("utf-8"))
-    if size > PROMPT_BYTES:
+    limit = prompt_bytes(frame_bytes)
+    if size > limit:
         raise CliError(
-            f"the prompt is {size} bytes; a message on the bus carries at most {MAX_BODY_BYTES} bytes "
-            f"(transport.codec.MAX_BODY_BYTES), so a prompt may have at most {PROMPT_BYTES}"
+            f"the prompt is {size} bytes; with a bus message limit of {frame_bytes} bytes a prompt may have "
+            f"at most {limit} (raise it with {FRAME_SETTING})"
         )
 
 
@@ -930,7 +961,10 @@ def _failed(command: str, exc: BaseException) -> int:
         print(f"kbus {command}: {one_line(exc)}", file=sys.stderr)
         return exc.code
     if isinstance(exc, BusError):
-        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        said = one_line(exc)
+        if re.search(r"body of \d+ bytes exceeds \d+", said):  # a transcript over the bus's message limit
+            said += f" (the bus's message limit: raise it with {FRAME_SETTING})"
+        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {said}", file=sys.stderr)
         return failure_code(exc)
     raise exc
 
@@ -987,7 +1021,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.interactive = sys.stdin.isatty()  # without a terminal an ask is denied, a plan rejected
     try:
         prompt = read_prompt(args, sys.stdin)
-        check_prompt_size(prompt)  # before anything starts
+        check_prompt_size(prompt, frame_limit(args))  # before anything starts
         with _agent(args) as agent:
             agent.check_prompt(prompt)
             if args.goal is not None:
@@ -1176,6 +1210,11 @@ def _repl(agent: Agent) -> None:
                 _loop_command(agent, command, rest)
             else:
                 print(f"unknown command {command}; /help lists them", flush=True)
+            continue
+        try:
+            agent.check_prompt(line)
+        except CliError as exc:
+            print(f"kbus: {one_line(exc)}", flush=True)
             continue
         try:
             agent.turn(line)
