@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -914,6 +915,105 @@ def _server_key(text: str | None) -> str | None:
     return text
 
 
+class InterruptForwarder:
+    """Ctrl-C reaches the main thread at once, also when the kernel hands SIGINT to another thread.
+
+    Why it is needed: at ``input()`` Python's readline module waits in ``select()`` on the main thread and
+    looks at signals only when that call is interrupted (EINTR). GNU readline blocks SIGINT on the main
+    thread while it draws the prompt (``_rl_block_sigint``), so a Ctrl-C pressed then (the second of a quick
+    pair: it lands while the first one's prompt is redrawn) is delivered to some other thread of the
+    process (an actor's, the node's I/O thread): Python notes it, but the main thread's ``select()`` sleeps
+    on until Enter. Blocking SIGINT in the other threads does not help: the signal then waits until readline
+    unblocks it, its handler runs just before ``select()``, and ``select()`` sleeps all the same.
+
+    What it does: every signal's C handler writes the signal's number to a pipe (``signal.set_wakeup_fd``),
+    whichever thread it ran on. A watcher thread that reads a SIGINT there sends the main thread a no-op
+    ``POKE`` signal (``signal.pthread_kill``), every ``POKE_EVERY`` seconds until the SIGINT handler has
+    run (at most ``POKE_FOR`` seconds a press): the poke interrupts ``select()``, and Python then runs the
+    pending SIGINT handler there. The poke is never SIGINT itself, so a press is never counted twice (a
+    doubled press would quit). A poke that arrives when nothing waits is a no-op.
+    """
+
+    POKE: Final = signal.SIGUSR2
+    POKE_EVERY: Final = 0.02
+    POKE_FOR: Final = 2.0
+
+    def __init__(self) -> None:
+        self.pressed = 0  # SIGINTs the watcher read from the pipe
+        self.handled = 0  # SIGINT handler runs on the main thread
+        self._ran = threading.Event()  # set by each handler run
+        self._read_fd = self._write_fd = -1
+        self._saved: tuple[Any, Any, int] | None = None
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> bool:
+        """Start forwarding (the main thread only; False elsewhere, nothing changed)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        saved_int = signal.signal(signal.SIGINT, self._on_sigint)
+        saved_poke = signal.signal(self.POKE, lambda signum, frame: None)
+        saved_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._saved = (saved_int, saved_poke, saved_fd)
+        self._thread = threading.Thread(target=self._watch, name="kbus-sigint", daemon=True)
+        self._thread.start()
+        return True
+
+    def uninstall(self) -> None:
+        if self._saved is None:
+            return
+        saved_int, saved_poke, saved_fd = self._saved
+        self._saved = None
+        signal.set_wakeup_fd(saved_fd)
+        signal.signal(signal.SIGINT, saved_int)
+        signal.signal(self.POKE, saved_poke)
+        os.close(self._write_fd)  # the watcher reads EOF and ends
+        if self._thread is not None:
+            self._thread.join(1.0)
+        os.close(self._read_fd)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.handled += 1
+        self._ran.set()
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        assert main is not None
+        while True:
+            try:
+                got = os.read(self._read_fd, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            presses = got.count(signal.SIGINT)
+            if not presses:
+                continue  # the pokes' own bytes, other signals
+            self.pressed += presses
+            deadline = time.monotonic() + self.POKE_FOR
+            while self.handled < self.pressed and time.monotonic() < deadline:
+                self._ran.clear()
+                if self.handled >= self.pressed:
+                    break
+                with contextlib.suppress(OSError):  # the process is exiting
+                    signal.pthread_kill(main, self.POKE)
+                self._ran.wait(self.POKE_EVERY)
+            if self.handled < self.pressed:  # presses merged into one handler run: in step again
+                self.pressed = self.handled
+
+
+@contextmanager
+def forwarded_interrupts() -> Iterator[InterruptForwarder]:
+    forwarder = InterruptForwarder()
+    forwarder.install()
+    try:
+        yield forwarder
+    finally:
+        forwarder.uninstall()
+
+
 QUIT_STOP_TIMEOUT = 1.0  # seconds a second Ctrl-C waits for each actor before the process exits
 
 
@@ -1022,7 +1122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         prompt = read_prompt(args, sys.stdin)
         check_prompt_size(prompt, frame_limit(args))  # before anything starts
-        with _agent(args) as agent:
+        with forwarded_interrupts(), _agent(args) as agent:
             agent.check_prompt(prompt)
             if args.goal is not None:
                 outcomes = agent.goal_loop(prompt, args.goal, args.max_turns)
@@ -1121,7 +1221,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     args.interactive = True  # chat reads its input lines: plans and asks are asked there too
 
     try:
-        with _agent(args) as agent:
+        with forwarded_interrupts(), _agent(args) as agent:
             print(
                 f"kbus chat: model {agent.model}; /help for commands, /quit to leave",
                 file=sys.stderr,

@@ -8,12 +8,14 @@ and the bad-input exits. Every process is ended by its PID in a finaliser.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import signal
 import sqlite3
 import subprocess
+import termios
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -167,6 +169,76 @@ def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
         os.write(gate, b"released\n")
         os.close(gate)
         os.close(controller)
+    assert "Traceback" not in pty.seen, pty.seen
+
+
+def _controlling_terminal() -> None:
+    """In the child, after setsid: make its stdin terminal the controlling one, so a Ctrl-C typed there
+    (the byte 0x03) is a SIGINT from the terminal to the foreground process group, as for a user."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _chat_on_a_terminal(
+    kbus_process: Start, tmp_path: Path, window: str
+) -> tuple[subprocess.Popen[str], Pty]:
+    config = tmp_path / "scripted.toml"
+    config.write_text('[providers.scripted]\nkind = "scripted"\n')
+    args = ["--config", str(config), "-m", "scripted", "--data-dir", str(tmp_path / "data")]
+    controller, terminal = os.openpty()
+    try:
+        proc = kbus_process(
+            "chat",
+            *args,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            preexec_fn=_controlling_terminal,
+            env={**os.environ, "KBUS_QUIT_WINDOW": window},
+        )
+    finally:
+        os.close(terminal)
+    return proc, Pty(controller)
+
+
+CTRL_C = b"\x03"
+PRESSES = 10
+PAIRS = 10
+
+
+def test_ctrl_c_at_the_chat_prompt_is_noticed_at_once_every_time(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: a Ctrl-C typed at the kbus chat prompt gives a fresh prompt at once, every time (it was
+    sometimes noticed only at the next Enter: a SIGINT that lands while readline draws the prompt, on the
+    main thread or another, is noted by Python but never interrupts the select() readline waits in). With
+    KBUS_QUIT_WINDOW=0 no press counts as a second one: 10 presses, each answered by a new prompt within a
+    bounded read, then /quit."""
+    proc, pty = _chat_on_a_terminal(kbus_process, tmp_path, "0")
+    try:
+        pty.expect("you> ")
+        for _ in range(PRESSES):
+            os.write(pty.fd, CTRL_C)
+            pty.expect("you> ", timeout=10)
+        pty.send("/quit")
+        assert proc.wait(timeout=30) == 0, pty.seen
+    finally:
+        os.close(pty.fd)
+    assert "Traceback" not in pty.seen, pty.seen
+
+
+@pytest.mark.parametrize("attempt", range(PAIRS))
+def test_two_ctrl_c_at_the_chat_prompt_quit(kbus_process: Start, tmp_path: Path, attempt: int) -> None:
+    """Issue 16: at the prompt a Ctrl-C, then a second one as soon as the prompt is back, quit (130, no
+    traceback); the window is long (KBUS_QUIT_WINDOW=600) so only the presses being noticed is tested.
+    Repeated to show it does not depend on where the second press lands."""
+    proc, pty = _chat_on_a_terminal(kbus_process, tmp_path, "600")
+    try:
+        pty.expect("you> ")
+        os.write(pty.fd, CTRL_C)
+        pty.expect("you> ", timeout=10)
+        os.write(pty.fd, CTRL_C)
+        pty.expect("kbus chat: bye", timeout=10)
+        assert proc.wait(timeout=30) == 130, pty.seen
+    finally:
+        os.close(pty.fd)
     assert "Traceback" not in pty.seen, pty.seen
 
 
