@@ -441,6 +441,29 @@ def credential_names(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(sorted({n for n in names if isinstance(n, str)}))
 
 
+def tool_registry(args: argparse.Namespace, cancel: threading.Event | None = None) -> Any:
+    """The tools every turn has: the built-ins on ``--workdir``, the workspace tools with ``--edit``, and
+    each ``--tools`` spec; CliError 2 for a bad folder or spec (before anything starts)."""
+    from actors.conversation import ToolRegistry, ToolRegistryError
+
+    registry = ToolRegistry()
+    try:
+        workdir = Path(args.workdir or os.getcwd())
+        for fn in builtin_tools(workdir):
+            registry.register(fn)
+        if args.edit:
+            register_workspace_tools(
+                registry, workdir, secret_env=credential_names(args), cancel=cancel or threading.Event()
+            )
+        for spec in args.tools or ():
+            registry.register(load_tool(spec))
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise CliError(f"--workdir: {exc}") from None
+    except ToolRegistryError as exc:
+        raise CliError(f"--tools: {exc}") from None
+    return registry
+
+
 def checkpoint_session(args: argparse.Namespace) -> str:
     """The checkpoint session of a chat: ``--checkpoint-session``, else one derived from ``--session`` (the
     same file gives the same session again), else a new one."""
@@ -496,7 +519,7 @@ class Agent:
 
     # ------------------------------------------------------------------------------ start and stop
     def start(self) -> None:
-        from actors.conversation import Compactor, ConversationRuntime, ToolRegistry, ToolRegistryError
+        from actors.conversation import Compactor, ConversationRuntime
 
         if self.args.max_steps < 1:
             raise CliError("--max-steps must be at least 1")
@@ -505,21 +528,8 @@ class Agent:
         if not self.args.connect:  # the config, the model and its credential: before anything starts
             catalog, _, source, _ = load_catalog(self.args)
             check_credentials(catalog, self.model, source)
-        registry = ToolRegistry()  # load tools before starting anything: a bad spec starts nothing
-        try:
-            workdir = Path(self.args.workdir or os.getcwd())
-            for fn in builtin_tools(workdir):
-                registry.register(fn)
-            if self.args.edit:
-                register_workspace_tools(
-                    registry, workdir, secret_env=credential_names(self.args), cancel=self.cancel_commands
-                )
-            for spec in self.args.tools or ():
-                registry.register(load_tool(spec))
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise CliError(f"--workdir: {exc}") from None
-        except ToolRegistryError as exc:
-            raise CliError(f"--tools: {exc}") from None
+        registry = tool_registry(self.args, self.cancel_commands)  # a bad spec starts nothing
+        workdir = Path(self.args.workdir or os.getcwd())
         if self.args.connect:
             self._connect()
         else:
@@ -1176,6 +1186,31 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tools(args: argparse.Namespace) -> int:
+    """``kbus tools``: the tools a turn of ``kbus run``/``kbus chat`` with these options has (the built-ins,
+    ``--edit``'s, each ``--tools``), with the arguments the model is told; ``--json``: one object per tool
+    (``name``, ``description``, ``parameters`` as JSON schema, ``mutating``)."""
+    try:
+        registry = tool_registry(args)
+    except CliError as exc:
+        return _failed("tools", exc)
+    for spec in registry.specs():
+        mutating = registry.is_mutating(spec.name)
+        if args.json:
+            row = {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": spec.parameters,
+                "mutating": mutating,
+            }
+            print(json.dumps(row, ensure_ascii=False))
+            continue
+        props = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+        summary = spec.description.split("\n")[0]
+        print(f"{spec.name}({', '.join(props)}){' [changes files]' if mutating else ''}: {summary}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """``kbus config``: which file is used and whether it is sound; ``--explain``: every option."""
     from actors.router.catalog import _PROVIDER_CLASSES, model_options, provider_options
@@ -1462,7 +1497,8 @@ def config_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``run``, ``chat``, ``models``, ``config`` and ``checkpoints`` to the ``kbus`` subparsers."""
+    """Add ``run``, ``chat``, ``models``, ``tools``, ``config`` and ``checkpoints`` to the ``kbus``
+    subparsers."""
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -1526,6 +1562,14 @@ def add_parsers(sub: Any) -> None:
     config_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object per model")
     p.set_defaults(func=guarded("models", cmd_models))
+
+    p = sub.add_parser("tools", help="the tools a turn has with these options (--json: with their schemas)")
+    p.add_argument("--json", action="store_true", help="one JSON object per tool, with its JSON schema")
+    p.add_argument("--workdir", help="the folder the file tools work in (default: the current one)")
+    p.add_argument("--edit", action="store_true", help="with the workspace tools, as kbus run --edit")
+    p.add_argument("--tools", action="append", metavar="MODULE:FUNCTION", help="add a tool, as kbus run")
+    config_option(p)
+    p.set_defaults(func=guarded("tools", cmd_tools))
 
     p = sub.add_parser("config", help="check the config file in use; --explain lists every option")
     config_option(p)

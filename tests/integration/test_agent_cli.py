@@ -679,6 +679,31 @@ def test_global_options_work_before_the_subcommand(kbus_process: Start, tmp_path
     assert code == 2 and "unrecognized arguments: -q" in err and "Traceback" not in err, err
 
 
+def test_kbus_tools_lists_a_turns_tools_as_lines_or_json(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: the tools a turn has (built-ins, --edit's, --tools'), one line each, or with --json one
+    object each with its JSON schema, parsed back; a bad --tools is one line, exit 2."""
+    (tmp_path / "mytools.py").write_text(TOOL_MODULE)
+    extra = ["--tools", f"{tmp_path / 'mytools.py'}:shout", "--workdir", str(tmp_path)]
+    code, out, err = finish(kbus_process("tools", "--json", "--edit", *extra))
+    assert code == 0 and err == "", err
+    tools = {t["name"]: t for t in map(json.loads, out.splitlines())}
+    assert {"calculate", "read_file", "list_dir", "write_file", "edit_file", "run_command", "shout"} <= set(
+        tools
+    )
+    assert tools["shout"]["parameters"]["properties"]["text"]["type"] == "string"
+    assert tools["shout"]["parameters"]["required"] == ["text"]
+    assert tools["write_file"]["mutating"] is True and tools["read_file"]["mutating"] is False
+    code, out, err = finish(kbus_process("tools", *extra))
+    assert code == 0 and [line.split("(")[0] for line in out.splitlines()] == [
+        "calculate",
+        "read_file",
+        "list_dir",
+        "shout",
+    ]
+    code, out, err = finish(kbus_process("tools", "--tools", "nope:x"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "cannot import nope" in err, err
+
+
 def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) -> None:
     code, out, err = run_scripted(kbus_process, tmp_path, "what is 6 * 7?", "--json")
     assert code == 0, out + err
