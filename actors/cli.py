@@ -279,6 +279,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         print(f"kbus log: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader stopped early (| head): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
     except OSError as exc:
         print(f"kbus log: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 1
