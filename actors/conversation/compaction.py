@@ -96,16 +96,15 @@ def summary_refusal(summary: str, instructions: str) -> str | None:
 
     Refused: an empty summary, and one that echoes the summariser's own instruction (a small model answered
     "Summarize the conversation below ..." and the facts it replaced were gone): half or more of its runs
-    of three words (two, for a two-word summary) found in the instruction. A single word is let through.
-    The caller raises instead of compacting, so the transcript stays as it was."""
+    of three words found in the instruction. A summary of one or two words is let through. The caller
+    raises instead of compacting, so the transcript stays as it was."""
     words = re.findall(r"[a-z0-9]+", summary.lower())
     if not words:
         return "the model returned an empty summary"
-    said = re.findall(r"[a-z0-9]+", instructions.lower())
-    n = min(3, len(words))
-    if n < 2:
+    if len(words) < 3:
         return None
-    theirs = {tuple(said[i : i + n]) for i in range(len(said) - n + 1)}
-    ours = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    said = re.findall(r"[a-z0-9]+", instructions.lower())
+    theirs = {tuple(said[i : i + 3]) for i in range(len(said) - 2)}
+    ours = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
     echoed = sum(t in theirs for t in ours) >= ECHO_SHARE * len(ours)
     return "the model's summary repeats the summariser's instruction" if echoed else None

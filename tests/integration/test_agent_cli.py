@@ -521,7 +521,8 @@ max_input_tokens = 1536
     lines = err.splitlines()
     calls = [i for i, line in enumerate(lines) if line.startswith("[tool call] ")]
     results = [i for i, line in enumerate(lines) if line.startswith(("[tool result] ", "[tool error] "))]
-    done = [i for i, line in enumerate(lines) if line.startswith("[done] stop")]
+    # The answer after the result may be cut at max_output_tokens: "[done] length" then (issue 16).
+    done = [i for i, line in enumerate(lines) if line.startswith(("[done] stop", "[done] length"))]
     assert calls and results and done, err
     assert calls[0] < results[0] < done[0], err
     assert out.strip(), f"no final answer:\n{err}"

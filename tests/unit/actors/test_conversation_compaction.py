@@ -391,7 +391,7 @@ def test_cp17_a_summary_echoing_the_instruction_is_refused_and_changes_nothing(e
     for echo in (
         compactor.instructions,
         "Summarize the conversation below for your own later use:",
-        "open tasks",
+        "keep facts, decisions, names",
     ):
         env.provider.add([{"text": echo}])
         with pytest.raises(ConversationError, match=r"summariser's instruction.*8 messages are kept"):
@@ -414,6 +414,7 @@ def test_summary_refusal_names_empty_and_echoed_summaries_only() -> None:
     )
     assert summary_refusal(said.upper(), said) is not None
     assert summary_refusal("keep facts, decisions", said) is not None
+    assert summary_refusal("the summary", said) is None  # one or two words: let through
     assert summary_refusal("Alice's cat is called Tom; she lives in Oslo.", said) is None
     assert summary_refusal("ok", said) is None
 
