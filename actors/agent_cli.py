@@ -48,12 +48,13 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -67,7 +68,6 @@ DEMO_PROMPT: Final = (
 )
 DEFAULT_MODEL: Final = "smollm2"
 CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Router
-PROMPT_BYTES: Final = (1 << 20) - (64 << 10)  # room for the rest of a conv.run message (transport.codec)
 QUIT_WINDOW: Final = 2.0  # seconds: a second Ctrl-C within this of the first quits
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
@@ -441,6 +441,29 @@ def credential_names(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(sorted({n for n in names if isinstance(n, str)}))
 
 
+def tool_registry(args: argparse.Namespace, cancel: threading.Event | None = None) -> Any:
+    """The tools every turn has: the built-ins on ``--workdir``, the workspace tools with ``--edit``, and
+    each ``--tools`` spec; CliError 2 for a bad folder or spec (before anything starts)."""
+    from actors.conversation import ToolRegistry, ToolRegistryError
+
+    registry = ToolRegistry()
+    try:
+        workdir = Path(args.workdir or os.getcwd())
+        for fn in builtin_tools(workdir):
+            registry.register(fn)
+        if args.edit:
+            register_workspace_tools(
+                registry, workdir, secret_env=credential_names(args), cancel=cancel or threading.Event()
+            )
+        for spec in args.tools or ():
+            registry.register(load_tool(spec))
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise CliError(f"--workdir: {exc}") from None
+    except ToolRegistryError as exc:
+        raise CliError(f"--tools: {exc}") from None
+    return registry
+
+
 def checkpoint_session(args: argparse.Namespace) -> str:
     """The checkpoint session of a chat: ``--checkpoint-session``, else one derived from ``--session`` (the
     same file gives the same session again), else a new one."""
@@ -483,6 +506,7 @@ class Agent:
         self.checkpoint_session: str | None = None
         self.shadow: Any = None
         self.resolved: Any = None  # the current model's ResolvedAgentModel
+        self.frame_bytes = 1 << 20  # this process's node.max_frame_bytes (set by start)
         self.last_interrupt = -math.inf  # when Ctrl-C was last pressed (two within QUIT_WINDOW quit)
         self.key_clock: Callable[[], float] = time.monotonic
         self.wakeup_slot: Any = None
@@ -495,7 +519,7 @@ class Agent:
 
     # ------------------------------------------------------------------------------ start and stop
     def start(self) -> None:
-        from actors.conversation import Compactor, ConversationRuntime, ToolRegistry, ToolRegistryError
+        from actors.conversation import Compactor, ConversationRuntime
 
         if self.args.max_steps < 1:
             raise CliError("--max-steps must be at least 1")
@@ -504,21 +528,8 @@ class Agent:
         if not self.args.connect:  # the config, the model and its credential: before anything starts
             catalog, _, source, _ = load_catalog(self.args)
             check_credentials(catalog, self.model, source)
-        registry = ToolRegistry()  # load tools before starting anything: a bad spec starts nothing
-        try:
-            workdir = Path(self.args.workdir or os.getcwd())
-            for fn in builtin_tools(workdir):
-                registry.register(fn)
-            if self.args.edit:
-                register_workspace_tools(
-                    registry, workdir, secret_env=credential_names(self.args), cancel=self.cancel_commands
-                )
-            for spec in self.args.tools or ():
-                registry.register(load_tool(spec))
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise CliError(f"--workdir: {exc}") from None
-        except ToolRegistryError as exc:
-            raise CliError(f"--tools: {exc}") from None
+        registry = tool_registry(self.args, self.cancel_commands)  # a bad spec starts nothing
+        workdir = Path(self.args.workdir or os.getcwd())
         if self.args.connect:
             self._connect()
         else:
@@ -590,6 +601,7 @@ class Agent:
             raise CliError(f"{exc}") from None
         router = next(a.name for a in settings.actors if a.type == "router")
         self.router = f"{self.node.name}/{router}"
+        self.frame_bytes = settings.node.max_frame_bytes
 
     def _connect(self) -> None:
         from actors.nodes import registry
@@ -614,8 +626,9 @@ class Agent:
             if self.args.key
             else f"kbus-{self.args.command}-{os.getpid()}"
         )
+        self.frame_bytes = frame_limit(self.args)  # the node at the endpoint has its own (its config's)
         try:
-            self.node = Node(name, registry=registry(), security=_security(self.args)).start()
+            self.node = Node(name, registry=registry(self.frame_bytes), security=_security(self.args)).start()
             server_key = _server_key(self.args.server_key)
             self.node.connect(Peer(self.args.node, self.args.connect, server_key), wait=CONNECT_WAIT)
         except BusError as exc:
@@ -678,7 +691,7 @@ class Agent:
         """Refuse a prompt no request could carry, in one line naming the limit and what changes it."""
         from actors.router.providers.base import estimate_tokens
 
-        check_prompt_size(text)
+        check_prompt_size(text, self.frame_bytes)
         if self.resolved is not None:
             tokens = estimate_tokens(text)
             if tokens > self.resolved.max_input_tokens:
@@ -841,15 +854,44 @@ class Agent:
         )
 
 
-def check_prompt_size(text: str) -> None:
-    """CliError 2 for a prompt larger than one bus message can carry."""
-    from transport.codec import MAX_BODY_BYTES
+FRAME_SETTING: Final = "max_frame_bytes in the config's [node] table"
 
+
+def frame_limit(args: argparse.Namespace) -> int:
+    """The largest message this process's node carries (``node.max_frame_bytes``): the config's ``[node]``
+    value, else enough for the largest context window of its ``[models.*]`` (``config.default_frame_bytes``:
+    1 MiB for the built-in catalog). With ``--connect`` a config that cannot be read gives 1 MiB."""
+    from config import default_frame_bytes
+
+    try:
+        raw = load_catalog(args)[1]
+    except CliError:
+        if getattr(args, "connect", None):
+            return default_frame_bytes({})
+        raise
+    node = raw.get("node")
+    given = node.get("max_frame_bytes") if isinstance(node, Mapping) else None
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    return default_frame_bytes(raw)
+
+
+def prompt_bytes(frame_bytes: int) -> int:
+    """The largest prompt a turn can carry: a round's message holds its transcript twice (its input and its
+    provider input), with room for the rest (``config.settings.FRAME_SLACK_BYTES``)."""
+    from config.settings import FRAME_SLACK_BYTES
+
+    return max(0, (frame_bytes - FRAME_SLACK_BYTES) // 2)
+
+
+def check_prompt_size(text: str, frame_bytes: int) -> None:
+    """CliError 2 for a prompt larger than a bus message can carry, naming the setting that changes it."""
     size = len(text.encode("utf-8"))
-    if size > PROMPT_BYTES:
+    limit = prompt_bytes(frame_bytes)
+    if size > limit:
         raise CliError(
-            f"the prompt is {size} bytes; a message on the bus carries at most {MAX_BODY_BYTES} bytes "
-            f"(transport.codec.MAX_BODY_BYTES), so a prompt may have at most {PROMPT_BYTES}"
+            f"the prompt is {size} bytes; with a bus message limit of {frame_bytes} bytes a prompt may have "
+            f"at most {limit} (raise it with {FRAME_SETTING})"
         )
 
 
@@ -881,6 +923,105 @@ def _server_key(text: str | None) -> str | None:
 
         return load_public_key(text)
     return text
+
+
+class InterruptForwarder:
+    """Ctrl-C reaches the main thread at once, also when the kernel hands SIGINT to another thread.
+
+    Why it is needed: at ``input()`` Python's readline module waits in ``select()`` on the main thread and
+    looks at signals only when that call is interrupted (EINTR). GNU readline blocks SIGINT on the main
+    thread while it draws the prompt (``_rl_block_sigint``), so a Ctrl-C pressed then (the second of a quick
+    pair: it lands while the first one's prompt is redrawn) is delivered to some other thread of the
+    process (an actor's, the node's I/O thread): Python notes it, but the main thread's ``select()`` sleeps
+    on until Enter. Blocking SIGINT in the other threads does not help: the signal then waits until readline
+    unblocks it, its handler runs just before ``select()``, and ``select()`` sleeps all the same.
+
+    What it does: every signal's C handler writes the signal's number to a pipe (``signal.set_wakeup_fd``),
+    whichever thread it ran on. A watcher thread that reads a SIGINT there sends the main thread a no-op
+    ``POKE`` signal (``signal.pthread_kill``), every ``POKE_EVERY`` seconds until the SIGINT handler has
+    run (at most ``POKE_FOR`` seconds a press): the poke interrupts ``select()``, and Python then runs the
+    pending SIGINT handler there. The poke is never SIGINT itself, so a press is never counted twice (a
+    doubled press would quit). A poke that arrives when nothing waits is a no-op.
+    """
+
+    POKE: Final = signal.SIGUSR2
+    POKE_EVERY: Final = 0.02
+    POKE_FOR: Final = 2.0
+
+    def __init__(self) -> None:
+        self.pressed = 0  # SIGINTs the watcher read from the pipe
+        self.handled = 0  # SIGINT handler runs on the main thread
+        self._ran = threading.Event()  # set by each handler run
+        self._read_fd = self._write_fd = -1
+        self._saved: tuple[Any, Any, int] | None = None
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> bool:
+        """Start forwarding (the main thread only; False elsewhere, nothing changed)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        saved_int = signal.signal(signal.SIGINT, self._on_sigint)
+        saved_poke = signal.signal(self.POKE, lambda signum, frame: None)
+        saved_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._saved = (saved_int, saved_poke, saved_fd)
+        self._thread = threading.Thread(target=self._watch, name="kbus-sigint", daemon=True)
+        self._thread.start()
+        return True
+
+    def uninstall(self) -> None:
+        if self._saved is None:
+            return
+        saved_int, saved_poke, saved_fd = self._saved
+        self._saved = None
+        signal.set_wakeup_fd(saved_fd)
+        signal.signal(signal.SIGINT, saved_int)
+        signal.signal(self.POKE, saved_poke)
+        os.close(self._write_fd)  # the watcher reads EOF and ends
+        if self._thread is not None:
+            self._thread.join(1.0)
+        os.close(self._read_fd)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.handled += 1
+        self._ran.set()
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        main = threading.main_thread().ident
+        assert main is not None
+        while True:
+            try:
+                got = os.read(self._read_fd, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            presses = got.count(signal.SIGINT)
+            if not presses:
+                continue  # the pokes' own bytes, other signals
+            self.pressed += presses
+            deadline = time.monotonic() + self.POKE_FOR
+            while self.handled < self.pressed and time.monotonic() < deadline:
+                self._ran.clear()
+                if self.handled >= self.pressed:
+                    break
+                with contextlib.suppress(OSError):  # the process is exiting
+                    signal.pthread_kill(main, self.POKE)
+                self._ran.wait(self.POKE_EVERY)
+            if self.handled < self.pressed:  # presses merged into one handler run: in step again
+                self.pressed = self.handled
+
+
+@contextmanager
+def forwarded_interrupts() -> Iterator[InterruptForwarder]:
+    forwarder = InterruptForwarder()
+    forwarder.install()
+    try:
+        yield forwarder
+    finally:
+        forwarder.uninstall()
 
 
 QUIT_STOP_TIMEOUT = 1.0  # seconds a second Ctrl-C waits for each actor before the process exits
@@ -930,7 +1071,10 @@ def _failed(command: str, exc: BaseException) -> int:
         print(f"kbus {command}: {one_line(exc)}", file=sys.stderr)
         return exc.code
     if isinstance(exc, BusError):
-        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+        said = one_line(exc)
+        if re.search(r"body of \d+ bytes exceeds \d+", said):  # a transcript over the bus's message limit
+            said += f" (the bus's message limit: raise it with {FRAME_SETTING})"
+        print(f"kbus {command}: the turn failed: {type(exc).__name__}: {said}", file=sys.stderr)
         return failure_code(exc)
     raise exc
 
@@ -990,8 +1134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.interactive = sys.stdin.isatty()  # without a terminal an ask is denied, a plan rejected
     try:
         prompt = read_prompt(args, sys.stdin)
-        check_prompt_size(prompt)  # before anything starts
-        with _agent(args) as agent:
+        check_prompt_size(prompt, frame_limit(args))  # before anything starts
+        with forwarded_interrupts(), _agent(args) as agent:
             agent.check_prompt(prompt)
             if args.goal is not None:
                 outcomes = agent.goal_loop(prompt, args.goal, args.max_turns)
@@ -1045,6 +1189,31 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tools(args: argparse.Namespace) -> int:
+    """``kbus tools``: the tools a turn of ``kbus run``/``kbus chat`` with these options has (the built-ins,
+    ``--edit``'s, each ``--tools``), with the arguments the model is told; ``--json``: one object per tool
+    (``name``, ``description``, ``parameters`` as JSON schema, ``mutating``)."""
+    try:
+        registry = tool_registry(args)
+    except CliError as exc:
+        return _failed("tools", exc)
+    for spec in registry.specs():
+        mutating = registry.is_mutating(spec.name)
+        if args.json:
+            row = {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": spec.parameters,
+                "mutating": mutating,
+            }
+            print(json.dumps(row, ensure_ascii=False))
+            continue
+        props = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+        summary = spec.description.split("\n")[0]
+        print(f"{spec.name}({', '.join(props)}){' [changes files]' if mutating else ''}: {summary}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """``kbus config``: which file is used and whether it is sound; ``--explain``: every option."""
     from actors.router.catalog import _PROVIDER_CLASSES, model_options, provider_options
@@ -1090,7 +1259,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     args.interactive = True  # chat reads its input lines: plans and asks are asked there too
 
     try:
-        with _agent(args) as agent:
+        with forwarded_interrupts(), _agent(args) as agent:
             print(
                 f"kbus chat: model {agent.model}; /help for commands, /quit to leave",
                 file=sys.stderr,
@@ -1159,8 +1328,8 @@ def _repl(agent: Agent) -> None:
                     finally:
                         agent.progress.stop()
                     after = len(agent.runtime.transcript())
-                except BusError as exc:
-                    print(f"kbus: compaction failed: {one_line(exc)}", flush=True)
+                except BusError as exc:  # a summary refused (empty, an echo) or failed: nothing replaced
+                    print(f"kbus: /compact: {one_line(exc)}", flush=True)
                     continue
                 if after == before:
                     print(f"nothing to compact yet ({before} messages)", flush=True)
@@ -1179,6 +1348,11 @@ def _repl(agent: Agent) -> None:
                 _loop_command(agent, command, rest)
             else:
                 print(f"unknown command {command}; /help lists them", flush=True)
+            continue
+        try:
+            agent.check_prompt(line)
+        except CliError as exc:
+            print(f"kbus: {one_line(exc)}", flush=True)
             continue
         try:
             agent.turn(line)
@@ -1286,6 +1460,37 @@ def _find(shadow: Any, checkpoint_id: str, session: str | None) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- parser
+GLOBAL_FLAGS: Final = frozenset({"-q", "--quiet", "--json", "-v", "--verbose"})
+GLOBAL_VALUED: Final = frozenset({"--config", "-m", "--model"})
+
+
+def options_after_command(argv: Sequence[str], commands: Iterable[str]) -> list[str]:
+    """``argv`` with the global options given before the subcommand (``--config FILE``, ``-m MODEL``, ``-q``,
+    ``--json``, ``-v``) moved right after it, where its own parser reads them: ``kbus --json -m x run P`` is
+    ``kbus run --json -m x P``. A subcommand without such an option refuses it as usual (a usage error).
+    Without a subcommand ``argv`` is returned as it is (argparse says what is missing)."""
+    names = set(commands)
+    before: list[str] = []
+    moved: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names:
+            return [*before, arg, *moved, *argv[i + 1 :]]
+        if arg == "--":
+            break
+        joined = "=" in arg and arg.split("=", 1)[0] in GLOBAL_VALUED  # --config=FILE, --model=M
+        if arg in GLOBAL_FLAGS or joined or (arg.startswith("-m") and arg != "-m"):  # or -mMODEL
+            moved.append(arg)
+        elif arg in GLOBAL_VALUED and i + 1 < len(argv):
+            moved += [arg, argv[i + 1]]
+            i += 1
+        else:
+            before.append(arg)
+        i += 1
+    return list(argv)
+
+
 def config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
@@ -1295,7 +1500,8 @@ def config_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``run``, ``chat``, ``models``, ``config`` and ``checkpoints`` to the ``kbus`` subparsers."""
+    """Add ``run``, ``chat``, ``models``, ``tools``, ``config`` and ``checkpoints`` to the ``kbus``
+    subparsers."""
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -1365,6 +1571,14 @@ def add_parsers(sub: Any) -> None:
     config_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object per model")
     p.set_defaults(func=guarded("models", cmd_models))
+
+    p = sub.add_parser("tools", help="the tools a turn has with these options (--json: with their schemas)")
+    p.add_argument("--json", action="store_true", help="one JSON object per tool, with its JSON schema")
+    p.add_argument("--workdir", help="the folder the file tools work in (default: the current one)")
+    p.add_argument("--edit", action="store_true", help="with the workspace tools, as kbus run --edit")
+    p.add_argument("--tools", action="append", metavar="MODULE:FUNCTION", help="add a tool, as kbus run")
+    config_option(p)
+    p.set_defaults(func=guarded("tools", cmd_tools))
 
     p = sub.add_parser("config", help="check the config file in use; --explain lists every option")
     config_option(p)

@@ -418,6 +418,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         print(f"kbus log: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader stopped early (| head): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
     except OSError as exc:
         print(f"kbus log: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -522,7 +525,11 @@ def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def main(argv: Sequence[str] | None = None) -> int:
     check_install()
-    args = parser().parse_args(argv)
+    from actors.agent_cli import options_after_command
+
+    ap = parser()
+    commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    args = ap.parse_args(options_after_command(sys.argv[1:] if argv is None else argv, commands))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

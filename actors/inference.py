@@ -142,6 +142,7 @@ class SessionInferenceEvent:
         usage: TokenUsage | None
         receipt: UsageReceipt
         continuation: AgentContinuation | None = None
+        finish_reason: str = "stop"  # the Router's TurnCompleted.finish_reason ("length": cut at the limit)
 
 
 Event = (
@@ -529,9 +530,15 @@ class InferenceHandleActor(BusActor):
                     call = error if error is not None else parse_call_ktool(arguments)
                     self._state = replace(state, surfaced=state.surfaced | {call_id})
                     outcome = SessionInferenceEvent.ToolCall(call_id=call_id, call=call)
-                case TurnCompleted(answer=answer, usage=usage, receipt=receipt, continuation=continuation):
+                case TurnCompleted(
+                    answer=answer, usage=usage, receipt=receipt, continuation=continuation, finish_reason=why
+                ):
                     outcome = SessionInferenceEvent.Completed(
-                        answer=answer, usage=usage, receipt=receipt, continuation=continuation
+                        answer=answer,
+                        usage=usage,
+                        receipt=receipt,
+                        continuation=continuation,
+                        finish_reason=why,
                     )
                 case TurnClosed():
                     outcome = None

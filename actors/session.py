@@ -206,6 +206,7 @@ class RoundCompletion:
     used_tool: bool
     finish_requested: bool
     emitted_response: bool
+    finish_reason: str = "stop"  # the provider's: "length" when the answer was cut at the token limit
 
 
 class SessionControl:
@@ -670,13 +671,13 @@ class SessionLoopActor(BusActor):
             case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
                 self._tool(call_id, call)
             case SessionInferenceEvent.Completed(
-                answer=answer, usage=usage, receipt=receipt, continuation=continuation
+                answer=answer, usage=usage, receipt=receipt, continuation=continuation, finish_reason=why
             ):
                 self._release_handle()
                 event = SessionEvent.ProviderReceipt(
                     round=self._round, usage=usage, receipt=receipt, continuation=continuation
                 )
-                self._record(event, lambda: self._complete_round(answer))  # RS-23
+                self._record(event, lambda: self._complete_round(answer, why))  # RS-23
             case other:
                 self._abort(InferenceError(f"unexpected handle event {type(other).__name__}"))
 
@@ -729,7 +730,7 @@ class SessionLoopActor(BusActor):
                 self._abort(SessionHostError(f"prepare_provider_resume returned {type(other).__name__}"))
 
     # ------------------------------------------------------------------------------- completion
-    def _complete_round(self, answer: str) -> None:
+    def _complete_round(self, answer: str, finish_reason: str = "stop") -> None:
         if self._capture is not None:  # RS-21
             message: Any = HostCompleteCapture(capture=self._capture, contents=answer)
         else:  # RS-22
@@ -739,6 +740,7 @@ class SessionLoopActor(BusActor):
                     used_tool=self._used_tool,
                     finish_requested=self._finish_requested,
                     emitted_response=self._emitted_response,
+                    finish_reason=finish_reason,
                 )
             )
         self._call_host(message, self._on_control)

@@ -436,6 +436,7 @@ class NodeSettings:
     bind: tuple[Annotated[str, IPC_NO_PARENT, ENDPOINT], ...] = ()
     data_dir: Annotated[Path, NO_PARENT] = Path(".kbus")
     capture: Annotated[Path, NO_PARENT] | None = None  # the .buslog every envelope is recorded to; None = off
+    # Unset in a file: large enough for its models' largest context window (from_mapping, frame_bytes_for).
     max_frame_bytes: Annotated[int, POSITIVE] = 1 << 20
     max_header_bytes: Annotated[int, POSITIVE] = 8192
     request_timeout: Annotated[float, SECONDS] = 30.0
@@ -641,6 +642,35 @@ def load(path: str | os.PathLike[str], env: Mapping[str, str] = os.environ) -> S
     return from_mapping(raw, source=source, base_dir=file.parent, env=env)
 
 
+MIN_FRAME_BYTES = 1 << 20
+# The largest message of a turn carries its transcript twice (a round's input and its provider input), and a
+# model's context window of N tokens holds at most 4N bytes of text (the Router's estimate counts four ASCII
+# characters, or one byte of other text, per token); a quarter more for the rest of the message.
+FRAME_BYTES_PER_TOKEN = 10
+FRAME_SLACK_BYTES = 64 << 10
+
+
+def frame_bytes_for(context_window: int) -> int:
+    """The ``node.max_frame_bytes`` a model with this context window needs: 10 bytes a token plus 64 KiB,
+    at least 1 MiB, rounded up to 64 KiB."""
+    need = FRAME_BYTES_PER_TOKEN * max(0, context_window) + FRAME_SLACK_BYTES
+    return max(MIN_FRAME_BYTES, -(-need // FRAME_SLACK_BYTES) * FRAME_SLACK_BYTES)
+
+
+def default_frame_bytes(raw: Mapping[str, object]) -> int:
+    """``node.max_frame_bytes`` when the file and the environment do not set it: large enough for the
+    largest ``context_window`` of the file's ``[models.*]`` tables (``frame_bytes_for``), else 1 MiB.
+    Values that are not integers are left to the catalog's own check."""
+    models = raw.get("models")
+    windows = [
+        m.get("context_window")
+        for m in (models.values() if isinstance(models, Mapping) else ())
+        if isinstance(m, Mapping)
+    ]
+    sizes = [w for w in windows if isinstance(w, int) and not isinstance(w, bool)]
+    return frame_bytes_for(max(sizes, default=0))
+
+
 def from_mapping(
     raw: Mapping[str, object],
     *,
@@ -661,6 +691,9 @@ def from_mapping(
         if not isinstance(table, Mapping):
             raise at.child(section).bad("a table", table)
         merged[section] = {**table, **values}
+    node = merged.get("node")
+    if isinstance(node, Mapping) and "max_frame_bytes" not in node:
+        merged["node"] = {**node, "max_frame_bytes": default_frame_bytes(merged)}
     return _build(Settings, merged, at, preset={"source": source})
 
 

@@ -878,8 +878,13 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         run = KernelRun("summary", "", self._model, text, SUMMARY_TOOL_DESCRIPTION)
 
         def summarized(error: BaseException | None) -> None:
-            if error is None and not (run.final or "").strip():
-                error = ConversationError("the model returned an empty summary")
+            refused = (
+                None
+                if error is not None
+                else compaction.summary_refusal(run.final or "", compactor.instructions)
+            )
+            if refused is not None:  # CP-17: nothing replaced, nothing emitted
+                error = ConversationError(f"{refused}: refused, the {len(before)} messages are kept")
             if error is not None:
                 then(error if isinstance(error, ConversationError) else _wrap(error))
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 
 from actors.conversation.types import ChatTokenUsage, CompactionTrigger, Compactor, Message
@@ -16,6 +17,7 @@ __all__ = [
     "partial_after_boundary",
     "partial_before_split",
     "safe_split_point",
+    "summary_refusal",
 ]
 
 
@@ -84,3 +86,25 @@ def cross_turn_trigger(
     if compactor.threshold_prompt_tokens is not None and usage.prompt_tokens > 0:
         return "tokens" if usage.prompt_tokens > compactor.threshold_prompt_tokens else None
     return "chars" if math.ceil(char_count(messages) / 4) > compactor.threshold_tokens else None
+
+
+ECHO_SHARE = 0.5  # a summary whose word triples are at least this share the instruction's is an echo
+
+
+def summary_refusal(summary: str, instructions: str) -> str | None:
+    """CP-17: why a model's summary may not replace the messages it summarises, or None when it may.
+
+    Refused: an empty summary, and one that echoes the summariser's own instruction (a small model answered
+    "Summarize the conversation below ..." and the facts it replaced were gone): half or more of its runs
+    of three words found in the instruction. A summary of one or two words is let through. The caller
+    raises instead of compacting, so the transcript stays as it was."""
+    words = re.findall(r"[a-z0-9]+", summary.lower())
+    if not words:
+        return "the model returned an empty summary"
+    if len(words) < 3:
+        return None
+    said = re.findall(r"[a-z0-9]+", instructions.lower())
+    theirs = {tuple(said[i : i + 3]) for i in range(len(said) - 2)}
+    ours = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    echoed = sum(t in theirs for t in ours) >= ECHO_SHARE * len(ours)
+    return "the model's summary repeats the summariser's instruction" if echoed else None

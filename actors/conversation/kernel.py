@@ -313,6 +313,8 @@ class KernelHost(BusActor):
                     return ProviderResume.Complete(answer=None)
                 return ProviderResume.Continue(outcome=outcome)
             case HostCompleteRound(completion=completion):
+                if completion.finish_reason == "length" and run.finish is FinishReason.STOP:
+                    run.finish = FinishReason.LENGTH  # the answer was cut at the output-token limit
                 return self._completed(run, completion.answer)
             case HostCompleteCapture(contents=contents):
                 return self._completed(run, contents)

@@ -585,6 +585,7 @@ class RouterActor(BusActor):
                     usage=usage,
                     receipt=receipt,
                     continuation=self._continuation(turn, outcome),
+                    finish_reason=outcome.finish_reason,
                 ),
             )
             return

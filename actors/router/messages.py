@@ -213,6 +213,9 @@ class TurnCompleted:
     usage: TokenUsage | None
     receipt: UsageReceipt
     continuation: AgentContinuation | None = None
+    # "stop", or "length" when the provider cut the answer at its output-token limit. A default, so an
+    # older capture without the field still decodes.
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

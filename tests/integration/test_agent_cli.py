@@ -8,12 +8,14 @@ and the bad-input exits. Every process is ended by its PID in a finaliser.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import signal
 import sqlite3
 import subprocess
+import termios
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -35,6 +37,7 @@ scripts = [
    { text = "The answer is 42.", chunks = 3 }],
   [{ text = "You are welcome." }],
   [{ text = "Sure." }],
+  [{ text = "Summarize the conversation below for your own later use." }],
   [{ text = "Summary: 6 * 7 is 42." }],
 ]
 """
@@ -95,6 +98,10 @@ def test_kbus_chat_in_a_terminal_turns_model_switch_compact_and_quit(
         pty.send("one more")
         assert "Sure." in pty.expect("[done]")
         pty.expect("you> ")
+        pty.send("/compact")  # CP-17: the summary echoes the summariser's instruction: refused, all kept
+        refused = pty.expect("you> ")
+        assert "kbus: /compact: the model's summary repeats the summariser's instruction" in refused
+        assert "the 8 messages are kept" in refused and "compacted" not in refused, refused
         pty.send("/compact")  # the first turn (a tool-call pair) is summarised, the last four kept
         assert re.search(r"compacted: 8 messages -> 5", pty.expect("you> ")), pty.seen
         pty.send("/quit")
@@ -165,6 +172,76 @@ def test_ctrl_c_interrupts_the_turn_and_a_second_one_quits_without_a_traceback(
     assert "Traceback" not in pty.seen, pty.seen
 
 
+def _controlling_terminal() -> None:
+    """In the child, after setsid: make its stdin terminal the controlling one, so a Ctrl-C typed there
+    (the byte 0x03) is a SIGINT from the terminal to the foreground process group, as for a user."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _chat_on_a_terminal(
+    kbus_process: Start, tmp_path: Path, window: str
+) -> tuple[subprocess.Popen[str], Pty]:
+    config = tmp_path / "scripted.toml"
+    config.write_text('[providers.scripted]\nkind = "scripted"\n')
+    args = ["--config", str(config), "-m", "scripted", "--data-dir", str(tmp_path / "data")]
+    controller, terminal = os.openpty()
+    try:
+        proc = kbus_process(
+            "chat",
+            *args,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            preexec_fn=_controlling_terminal,
+            env={**os.environ, "KBUS_QUIT_WINDOW": window},
+        )
+    finally:
+        os.close(terminal)
+    return proc, Pty(controller)
+
+
+CTRL_C = b"\x03"
+PRESSES = 10
+PAIRS = 10
+
+
+def test_ctrl_c_at_the_chat_prompt_is_noticed_at_once_every_time(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: a Ctrl-C typed at the kbus chat prompt gives a fresh prompt at once, every time (it was
+    sometimes noticed only at the next Enter: a SIGINT that lands while readline draws the prompt, on the
+    main thread or another, is noted by Python but never interrupts the select() readline waits in). With
+    KBUS_QUIT_WINDOW=0 no press counts as a second one: 10 presses, each answered by a new prompt within a
+    bounded read, then /quit."""
+    proc, pty = _chat_on_a_terminal(kbus_process, tmp_path, "0")
+    try:
+        pty.expect("you> ")
+        for _ in range(PRESSES):
+            os.write(pty.fd, CTRL_C)
+            pty.expect("you> ", timeout=10)
+        pty.send("/quit")
+        assert proc.wait(timeout=30) == 0, pty.seen
+    finally:
+        os.close(pty.fd)
+    assert "Traceback" not in pty.seen, pty.seen
+
+
+@pytest.mark.parametrize("attempt", range(PAIRS))
+def test_two_ctrl_c_at_the_chat_prompt_quit(kbus_process: Start, tmp_path: Path, attempt: int) -> None:
+    """Issue 16: at the prompt a Ctrl-C, then a second one as soon as the prompt is back, quit (130, no
+    traceback); the window is long (KBUS_QUIT_WINDOW=600) so only the presses being noticed is tested.
+    Repeated to show it does not depend on where the second press lands."""
+    proc, pty = _chat_on_a_terminal(kbus_process, tmp_path, "600")
+    try:
+        pty.expect("you> ")
+        os.write(pty.fd, CTRL_C)
+        pty.expect("you> ", timeout=10)
+        os.write(pty.fd, CTRL_C)
+        pty.expect("kbus chat: bye", timeout=10)
+        assert proc.wait(timeout=30) == 130, pty.seen
+    finally:
+        os.close(pty.fd)
+    assert "Traceback" not in pty.seen, pty.seen
+
+
 TOOL_MODULE = '''
 def shout(text: str) -> str:
     """Return the text in capitals.
@@ -220,6 +297,54 @@ scripts = [[{ call = { name = "shout", arguments = { text = "hello" } }, id = "c
     # The node's Router served the turn and filed the receipt this process showed.
     with closing(sqlite3.connect(ipc_dir / "data" / "receipts.sqlite3")) as db:
         assert db.execute("SELECT receipt_id FROM receipts").fetchall() == [(shown[0],)]
+
+
+BIG_NODE = """
+[node]
+name = "n1"
+bind = ["ipc://n1.sock"]
+data_dir = "data"
+[actors.router]
+type = "router"
+[providers.scripted]
+kind = "scripted"
+[models.big]
+provider = "scripted"
+provider_model = "scripted"
+context_window = 1000000
+max_input_tokens = 900000
+"""
+
+
+def test_a_transcript_over_1_mib_travels_through_a_node_sized_for_its_models(
+    kbus_process: Start, kbus_node: Callable[..., KbusNode], ipc_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 16: without a max_frame_bytes of its own a node's frame limit fits the largest context window
+    of its models (here 1M tokens: about 10 MB), in the kbus node process and in kbus run alike: a 1.2 MB
+    prompt, then a second turn on that transcript resumed from --session, cross the ipc socket to the
+    node's Router and are answered. With the 1 MiB limit set in [node] the prompt is refused up front, in
+    one line naming the limit and the setting, exit 2."""
+    config = ipc_dir / "n1.toml"
+    config.write_text(BIG_NODE)
+    node = kbus_node(config)
+    session = tmp_path / "long.jsonl"
+    connect = ["--connect", f"ipc://{ipc_dir}/n1.sock", "--node", "n1", "--config", str(config), "-m", "big"]
+    prompt = "word " * 240_000  # 1.2 MB
+    for text in (prompt, "and again"):
+        proc = kbus_process("run", *connect, "--session", str(session), stdin=subprocess.PIPE)
+        out, err = proc.communicate(text, timeout=120)
+        assert (proc.returncode, out) == (0, "ok\n"), err[-2000:]
+    assert session.stat().st_size > 1 << 20
+    assert "resumed 2 messages" in err, err
+    assert node.stop() == 0
+
+    config.write_text(BIG_NODE.replace('data_dir = "data"', 'data_dir = "data"\nmax_frame_bytes = 1048576'))
+    proc = kbus_process("run", *connect, stdin=subprocess.PIPE)
+    out, err = proc.communicate(prompt, timeout=60)
+    assert proc.returncode == 2 and out == "", out + err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "the prompt is 1200000 bytes; with a bus message limit of 1048576 bytes" in err, err
+    assert "max_frame_bytes in the config's [node] table" in err, err
 
 
 def test_kbus_run_connects_over_tcp_with_curve(
@@ -396,7 +521,8 @@ max_input_tokens = 1536
     lines = err.splitlines()
     calls = [i for i, line in enumerate(lines) if line.startswith("[tool call] ")]
     results = [i for i, line in enumerate(lines) if line.startswith(("[tool result] ", "[tool error] "))]
-    done = [i for i, line in enumerate(lines) if line.startswith("[done] stop")]
+    # The answer after the result may be cut at max_output_tokens: "[done] length" then (issue 16).
+    done = [i for i, line in enumerate(lines) if line.startswith(("[done] stop", "[done] length"))]
     assert calls and results and done, err
     assert calls[0] < results[0] < done[0], err
     assert out.strip(), f"no final answer:\n{err}"
@@ -475,7 +601,8 @@ def test_a_prompt_over_the_bus_limit_is_refused_naming_the_limit(kbus_process: S
     proc = kbus_process("run", "-m", "scripted", "--data-dir", str(tmp_path / "d"), stdin=subprocess.PIPE)
     out, err = proc.communicate("x" * (1 << 20), timeout=60)
     assert proc.returncode == 2, out + err
-    assert err.count("\n") == 1 and "transport.codec.MAX_BODY_BYTES" in err and "1048576" in err, err
+    assert err.count("\n") == 1 and "1048576" in err, err
+    assert "max_frame_bytes in the config's [node] table" in err, err
     assert not (tmp_path / "d").exists()
 
 
@@ -539,6 +666,45 @@ def test_the_prompt_comes_from_stdin(kbus_process: Start, tmp_path: Path, args: 
     assert read_journal(session).transcript[0].content == prompt
 
 
+def test_global_options_work_before_the_subcommand(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: --config, -m, -q and --json before the subcommand, as after it; one it has not is a usage
+    error (exit 2, one line)."""
+    config = tmp_path / "scripted.toml"
+    config.write_text(SCRIPTED)
+    front = ["--config", str(config), "-m", "scripted"]
+    code, out, err = finish(kbus_process("-q", *front, "run", "what is 6 * 7?", "--data-dir", str(tmp_path)))
+    assert (code, out, err) == (0, "The answer is 42.\n", ""), out + err
+    code, out, err = finish(kbus_process("--json", "--config", str(config), "models"))
+    assert code == 0 and {json.loads(line)["model"] for line in out.splitlines()} >= {"scripted", "smollm2"}
+    code, out, err = finish(kbus_process("-q", "models"))
+    assert code == 2 and "unrecognized arguments: -q" in err and "Traceback" not in err, err
+
+
+def test_kbus_tools_lists_a_turns_tools_as_lines_or_json(kbus_process: Start, tmp_path: Path) -> None:
+    """Issue 16: the tools a turn has (built-ins, --edit's, --tools'), one line each, or with --json one
+    object each with its JSON schema, parsed back; a bad --tools is one line, exit 2."""
+    (tmp_path / "mytools.py").write_text(TOOL_MODULE)
+    extra = ["--tools", f"{tmp_path / 'mytools.py'}:shout", "--workdir", str(tmp_path)]
+    code, out, err = finish(kbus_process("tools", "--json", "--edit", *extra))
+    assert code == 0 and err == "", err
+    tools = {t["name"]: t for t in map(json.loads, out.splitlines())}
+    assert {"calculate", "read_file", "list_dir", "write_file", "edit_file", "run_command", "shout"} <= set(
+        tools
+    )
+    assert tools["shout"]["parameters"]["properties"]["text"]["type"] == "string"
+    assert tools["shout"]["parameters"]["required"] == ["text"]
+    assert tools["write_file"]["mutating"] is True and tools["read_file"]["mutating"] is False
+    code, out, err = finish(kbus_process("tools", *extra))
+    assert code == 0 and [line.split("(")[0] for line in out.splitlines()] == [
+        "calculate",
+        "read_file",
+        "list_dir",
+        "shout",
+    ]
+    code, out, err = finish(kbus_process("tools", "--tools", "nope:x"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "cannot import nope" in err, err
+
+
 def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) -> None:
     code, out, err = run_scripted(kbus_process, tmp_path, "what is 6 * 7?", "--json")
     assert code == 0, out + err
@@ -559,6 +725,26 @@ def test_json_gives_one_object_per_event(kbus_process: Start, tmp_path: Path) ->
     assert done["finish_reason"] == "stop" and done["tool_calls"] == 1 and done["usage"] is None
     assert len(done["receipts"]) == 1 and done["receipts"][0].startswith("rcpt-")  # one provider turn
     assert "[tool" not in err and "[done]" not in err
+
+
+def test_a_reply_cut_at_the_token_limit_ends_with_finish_reason_length(
+    kbus_process: Start, tmp_path: Path
+) -> None:
+    """Issue 16: the provider's finish reason travels the Router's TurnCompleted, the inference handle, the
+    session loop and the conversation to the [done] line and the --json done event."""
+    config = tmp_path / "cut.toml"
+    config.write_text(
+        '[providers.scripted]\nkind = "scripted"\n'
+        'scripts = [[{ text = "Once upon a" }, { finish = "length" }]]\n'
+    )
+    base = ["--config", str(config), "-m", "scripted", "--data-dir", str(tmp_path / "data")]
+    code, out, err = finish(kbus_process("run", "a long story", *base))
+    assert code == 0 and out == "Once upon a\n", out + err
+    assert err.startswith("[done] length · 0 tool calls"), err
+    code, out, err = finish(kbus_process("run", "a long story", "--json", *base))
+    assert code == 0, out + err
+    done = json.loads(out.splitlines()[-1])
+    assert done["type"] == "done" and done["finish_reason"] == "length", out
 
 
 def test_config_is_found_at_kbus_config_then_xdg_config_home(kbus_process: Start, tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
 import stat
 import subprocess
@@ -226,6 +228,28 @@ def test_a_key_name_is_a_node_name(tmp_path: Path, name: str) -> None:
 )
 def test_a_bad_ping_argument_fails_in_one_line(args: list[str], needle: str) -> None:
     one_line_failure(kbus("ping", *args, timeout=30), 2, needle)
+
+
+def test_a_log_read_by_a_reader_that_stops_early_ends_quietly() -> None:
+    """Issue 16: ``kbus log show F | head -1``: the first line, then a quiet exit (no BrokenPipeError). The
+    pipe holds 4 KiB, less than the listing (about 20 KiB), so the command is still writing when the
+    reader goes."""
+    log = Path(__file__).parents[1] / "replay" / "session_tool_round.buslog"
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    try:
+        shown = subprocess.Popen([*KBUS, "log", "show", str(log)], stdout=write_end, stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            assert reader.readline().startswith(b"# ")
+        assert shown.wait(timeout=60) == 0  # the reader has gone, as head goes after its line
+        assert shown.stderr is not None and shown.stderr.read() == b""
+    finally:
+        if shown.poll() is None:
+            shown.kill()
+        shown.wait()
 
 
 def test_reading_a_missing_log_fails_in_one_line(tmp_path: Path) -> None:

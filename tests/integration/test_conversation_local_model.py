@@ -78,7 +78,8 @@ def test_two_turns_on_the_embedded_model_with_one_tool(
     try:
         for question in ("What is the weather in Paris?", "And in Rome?"):
             outcome = rt.run(question)
-            assert outcome.finish_reason is FinishReason.STOP
+            # The 135M model's answer may run on to its output-token limit: the turn then says so (length).
+            assert outcome.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert outcome.steps == 1  # forced once, then "none": no call loop
             assert outcome.final_text.strip()
         sink.wait_for(lambda e: isinstance(e, TurnFinished) and e.turn_index == 1, timeout=30)

@@ -176,6 +176,17 @@ def test_text_answer_is_streamed_in_chunks(provider: LocalProvider) -> None:
     assert usage.input_tokens > 0 and 0 < usage.output_tokens <= 48 + 1  # the end-of-turn token counts
 
 
+def test_an_answer_cut_at_the_token_limit_finishes_length(provider: LocalProvider) -> None:
+    """Issue 16: a reply cut at max_output_tokens ends with finish reason "length"; one that ends by
+    itself with "stop"."""
+    story = request("Tell me a long story about a cat.", tool_choice="none", max_output_tokens=4)
+    cut = run_bounded(provider, story, RecordingTurnIO())
+    assert isinstance(cut, ProviderOutcome) and cut.finish_reason == "length", cut
+    short = request("Say yes.", system="You are brief.", tool_choice="none", max_output_tokens=48)
+    whole = run_bounded(provider, short, RecordingTurnIO())
+    assert isinstance(whole, ProviderOutcome) and whole.finish_reason == "stop", whole
+
+
 def test_cancellation_mid_generation_stops_at_once(provider: LocalProvider) -> None:
     def cancel_on_third_delta(io: RecordingTurnIO, event: ProviderEvent) -> None:
         if isinstance(event, TextDelta) and len(io.of(TextDelta)) == 3:

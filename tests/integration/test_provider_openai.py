@@ -236,6 +236,19 @@ def test_text_is_streamed_in_deltas(llama_server: LlamaServer, sleeps: list[floa
     assert outcome.usage is None and not io.of(UsageUpdate)
 
 
+def test_an_answer_cut_at_the_token_limit_finishes_length(
+    llama_server: LlamaServer, sleeps: list[float]
+) -> None:
+    """Issue 16: the server's finish_reason "length" (max_tokens reached) reaches the outcome; an answer
+    that ends by itself is "stop"."""
+    provider = provider_for(llama_server.base_url, sleeps)
+    story = request("Tell me a long story about a cat.", tool_choice="none", max_output_tokens=4)
+    cut = run(provider, story, RecordingTurnIO())
+    assert isinstance(cut, ProviderOutcome) and cut.finish_reason == "length", cut
+    short = run(provider, request("Say yes.", system="You are brief.", tool_choice="none"), RecordingTurnIO())
+    assert isinstance(short, ProviderOutcome) and short.finish_reason == "stop", short
+
+
 def test_tool_call_then_final_answer(llama_server: LlamaServer, sleeps: list[float]) -> None:
     provider = provider_for(llama_server.base_url, sleeps)
     io = RecordingTurnIO()

@@ -101,6 +101,8 @@ class ProviderOutcome:
     usage: TokenUsage | None
     # Native state to continue from (e.g. a response id); None: the Router keeps the messages itself.
     continuation: bytes | None = None
+    # Why the model stopped: "stop" (it ended its answer) or "length" (cut at the output-token limit).
+    finish_reason: str = "stop"
 
 
 class ProviderError(Exception):

@@ -204,6 +204,7 @@ class _Turn:
     io: TurnIO
     usage: TokenUsage = field(default_factory=TokenUsage)
     started: bool = False
+    finish_reason: str = "stop"  # the last generation's: "length" when cut at max_tokens
 
     def check_cancelled(self) -> None:
         if self.io.cancelled.is_set():
@@ -311,7 +312,7 @@ class LocalProvider:
                 turn, prompt, request.tool, mode, sampling, max_tokens, answer_grammar
             )
             if arguments is None:
-                return ProviderOutcome(answer, turn.usage)
+                return ProviderOutcome(answer, turn.usage, finish_reason=turn.finish_reason)
             call = NativeToolCall(f"call_{uuid.uuid4().hex}", request.tool.name, arguments)
             io.emit(ToolCallRequested(call))
             try:
@@ -439,6 +440,7 @@ def _generate(
         return turn.io.cancelled.is_set()
 
     meter.begin()
+    turn.finish_reason = "stop"
     text: list[str] = []
     try:
         chunks: Iterator[Any] = iter(
@@ -463,6 +465,8 @@ def _generate(
             except Exception as exc:
                 raise ProviderError("failed", f"llama.cpp: {exc}", started=turn.started) from exc
             turn.check_cancelled()
+            if chunk["choices"][0].get("finish_reason") is not None:
+                turn.finish_reason = "length" if chunk["choices"][0]["finish_reason"] == "length" else "stop"
             piece: str = chunk["choices"][0]["text"]
             if piece:
                 text.append(piece)

@@ -171,11 +171,17 @@ class _PendingCall:
             self.name += fragment
 
 
+def _finish(reason: str | None) -> str:
+    """The provider-neutral finish reason: "length" when the server cut the reply at its token limit."""
+    return "length" if reason == "length" else "stop"
+
+
 @dataclass(slots=True)
 class _Reply:
     text: str
     calls: tuple[NativeToolCall, ...]
     usage: TokenUsage | None
+    finish_reason: str = "stop"  # "length": the server cut the reply at its token limit
 
 
 @dataclass(slots=True)
@@ -284,7 +290,7 @@ class OpenAIProvider:
                 turn.usage = reply.usage if turn.usage is None else _add(turn.usage, reply.usage)
                 io.emit(UsageUpdate(turn.usage))
             if not reply.calls:
-                return ProviderOutcome(reply.text, turn.usage)
+                return ProviderOutcome(reply.text, turn.usage, finish_reason=reply.finish_reason)
             for call in reply.calls:
                 io.emit(ToolCallRequested(call))
             results = []
@@ -373,7 +379,7 @@ class OpenAIProvider:
         )
         turn.started = turn.started or bool(calls)
         usage = usage_of(completion.usage) if completion.usage is not None else None
-        return _Reply(text, calls, usage)
+        return _Reply(text, calls, usage, _finish(completion.choices[0].finish_reason))
 
     def _open(self, turn: _Turn, params: Mapping[str, Any]) -> Any:
         """Send one request; retried only here, before any of its stream has arrived."""
@@ -424,6 +430,7 @@ class OpenAIProvider:
         pending: dict[int, _PendingCall] = {}
         usage: TokenUsage | None = None
         finished = False
+        reason = "stop"
         chunks = 0
         try:
             for chunk in stream:
@@ -449,6 +456,7 @@ class OpenAIProvider:
                                 call.arguments.append(tc.function.arguments)
                     if choice.finish_reason is not None:
                         finished = True
+                        reason = _finish(choice.finish_reason)
         except openai.APIConnectionError as exc:  # the SDK wraps a reset or truncated stream in this
             raise ProviderError("unavailable", self._describe(exc), started=turn.started) from exc
         except openai.OpenAIError as exc:  # an error event inside the stream
@@ -469,7 +477,7 @@ class OpenAIProvider:
             )
             for _, p in sorted(pending.items())
         )
-        return _Reply("".join(text), calls, usage)
+        return _Reply("".join(text), calls, usage, reason)
 
     def _describe(self, exc: BaseException | None) -> str:
         """The SDK's text for ``exc`` with the API key masked (a server may echo what it was sent)."""

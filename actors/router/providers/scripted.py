@@ -12,6 +12,7 @@ hold them)::
     {"fail": "unavailable" | "failed", "message": "...", "after_output": true}
     {"hang": true}                           wait until cancelled (timeouts, cancellation)
     {"close": true}                          end the stream without a final answer
+    {"finish": "length"}                     end as a reply cut at the output-token limit would
 
 The answer is the concatenated text after the last tool call. ``ScriptedProvider.turns`` records every
 request it received, ``inputs`` every complete input submitted (the first request's and each re-rendered
@@ -91,6 +92,7 @@ class ScriptedProvider:
         text: list[str] = []
         usage: TokenUsage | None = None
         produced = False
+        finish = "stop"
         for step in script:
             if io.cancelled.is_set():
                 raise ProviderError("cancelled", "turn cancelled", started=produced)
@@ -133,9 +135,11 @@ class ScriptedProvider:
                 raise ProviderError("cancelled", "turn cancelled", started=produced)
             elif step.get("close"):
                 raise StreamClosed()
+            elif "finish" in step:
+                finish = "length" if step["finish"] == "length" else "stop"
             else:
                 raise ValueError(f"unknown script step {dict(step)!r}")
-        return ProviderOutcome("".join(text), usage)
+        return ProviderOutcome("".join(text), usage, finish_reason=finish)
 
     @staticmethod
     def _call(step: Step) -> NativeToolCall:

@@ -22,6 +22,7 @@ from actors.agent_cli import (
     find_config,
     load_catalog,
     load_tool,
+    options_after_command,
     system_prompt,
     use_colour,
 )
@@ -312,3 +313,39 @@ def test_the_readme_example_config_passes_the_checks(tmp_path: Path) -> None:
     assert check_credentials(catalog, "l", str(config), {"LAB_API_KEY": "k"}).model == "lab"
     with pytest.raises(CliError, match=r"providers\.lab\.api_key_env: the environment variable LAB_API_KEY"):
         check_credentials(catalog, "lab", str(config), {})
+
+
+COMMANDS = ("node", "run", "chat", "models", "config")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--json", "-m", "x", "run", "P"], ["run", "--json", "-m", "x", "P"]),
+        (["--config", "c.toml", "-q", "run", "-v"], ["run", "--config", "c.toml", "-q", "-v"]),
+        (["--config=c.toml", "--model=x", "-mx", "chat"], ["chat", "--config=c.toml", "--model=x", "-mx"]),
+        (["-v", "models", "--json"], ["models", "-v", "--json"]),
+        (["--config", "run", "run", "P"], ["run", "--config", "run", "P"]),  # a value is never the command
+        (["run", "--json", "models"], ["run", "--json", "models"]),  # after the command: left alone
+        (["--json"], ["--json"]),  # no command: argparse reports it
+    ],
+)
+def test_global_options_before_the_command_are_read_after_it(argv: list[str], expected: list[str]) -> None:
+    assert options_after_command(argv, COMMANDS) == expected
+
+
+def test_options_before_or_after_the_subcommand_parse_alike() -> None:
+    """Issue 16: --config, -m, -q, --json and -v in either place give the same arguments."""
+    commands = ("run", "chat", "models", "config", "node")
+    before = parser().parse_args(
+        options_after_command(["--config", "c.toml", "-m", "x", "-q", "--json", "-v", "run", "P"], commands)
+    )
+    after = parser().parse_args(["run", "P", "--config", "c.toml", "-m", "x", "-q", "--json", "-v"])
+    assert {**vars(before), "func": None} == {**vars(after), "func": None}
+    assert (after.config, after.model, after.quiet, after.json, after.verbose) == (
+        "c.toml",
+        "x",
+        True,
+        True,
+        True,
+    )

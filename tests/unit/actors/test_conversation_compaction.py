@@ -379,6 +379,46 @@ def test_cp17_a_failed_summary_changes_nothing(env: Env) -> None:
     assert env.events_after(rt) == []
 
 
+def test_cp17_a_summary_echoing_the_instruction_is_refused_and_changes_nothing(env: Env) -> None:
+    """CP-17 (issue 16): the embedded model answered the summariser's instruction back as the summary and
+    the conversation was gone. An echo, whole or in part, is refused like a failed summary: compact_now
+    raises naming why and that the messages are kept, the transcript is unchanged, no events; a real
+    summary that quotes a few of the instruction's words still compacts."""
+    compactor = Compactor(threshold_tokens=10**9, keep_recent_n=2)
+    rt = env.build(compactor)
+    old = numbered(8)
+    rt.set_transcript(old)
+    for echo in (
+        compactor.instructions,
+        "Summarize the conversation below for your own later use:",
+        "keep facts, decisions, names",
+    ):
+        env.provider.add([{"text": echo}])
+        with pytest.raises(ConversationError, match=r"summariser's instruction.*8 messages are kept"):
+            rt.compact_now()
+        assert rt.transcript() == tuple(old)
+    assert env.events_after(rt) == []
+    old = list(rt.transcript())
+    env.summary("The user asked for 17% of 2350; the answer was 399.5. Open tasks: none.")
+    rt.compact_now()
+    assert len(rt.transcript()) < len(old) and "399.5" in rt.transcript()[0].content
+
+
+def test_summary_refusal_names_empty_and_echoed_summaries_only() -> None:
+    """The pure check behind CP-17's refusal: empty and echoed summaries get a reason, others None."""
+    from actors.conversation.compaction import summary_refusal
+
+    said = Compactor(threshold_tokens=1).instructions
+    assert (
+        summary_refusal("", said) == summary_refusal("  \n ", said) == "the model returned an empty summary"
+    )
+    assert summary_refusal(said.upper(), said) is not None
+    assert summary_refusal("keep facts, decisions", said) is not None
+    assert summary_refusal("the summary", said) is None  # one or two words: let through
+    assert summary_refusal("Alice's cat is called Tom; she lives in Oslo.", said) is None
+    assert summary_refusal("ok", said) is None
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(transcripts(), st.sampled_from(["now", "before", "after", "cross"]), st.integers(0, 25))
 def test_cp11_through_the_runtime_no_call_loses_its_result(

@@ -820,3 +820,24 @@ def test_a_config_file_reached_through_a_parent_step_is_fine(tmp_path: Path) -> 
     settings = load(tmp_path / "other" / ".." / "conf" / "kbus.toml", env={})
     assert settings.node.data_dir == tmp_path / "conf" / "d"
     assert settings.node.bind == (f"ipc://{tmp_path}/conf/n1.sock",)
+
+
+def test_the_frame_limit_fits_the_largest_context_window_unless_set() -> None:
+    """Issue 16: node.max_frame_bytes, when neither the file nor the environment sets it, carries a round
+    of the largest [models.*] context window (10 bytes a token + 64 KiB, at least 1 MiB); a value given
+    in [node] or KBUS_NODE_MAX_FRAME_BYTES wins."""
+    models = {"small": {"context_window": 4096}, "big": {"context_window": 1_000_000}, "odd": {"x": 1}}
+    assert from_mapping({"node": {"name": "n"}}).node.max_frame_bytes == 1 << 20
+    assert from_mapping(
+        {"node": {"name": "n"}, "models": {"s": {"context_window": 4096}}}
+    ).node.max_frame_bytes == (1 << 20)
+    big = from_mapping({"node": {"name": "n"}, "models": models}).node.max_frame_bytes
+    assert big == config.frame_bytes_for(1_000_000) and 10_000_000 + (64 << 10) <= big < 10_000_000 + (
+        128 << 10
+    )
+    assert big % (64 << 10) == 0
+    given = {"node": {"name": "n", "max_frame_bytes": 2 << 20}, "models": models}
+    assert from_mapping(given).node.max_frame_bytes == 2 << 20
+    env = {"KBUS_NODE_MAX_FRAME_BYTES": "3145728"}
+    assert from_mapping({"node": {"name": "n"}, "models": models}, env=env).node.max_frame_bytes == 3 << 20
+    assert config.default_frame_bytes({"models": {"m": {"context_window": "many"}}}) == 1 << 20
