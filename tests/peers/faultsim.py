@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import random
 import re
+import select
 import signal
 import sqlite3
 import threading
@@ -318,10 +319,24 @@ def _context() -> Any:
 
 @dataclasses.dataclass
 class Child:
+    """One process of the cluster. ``pidfd`` (opened while the process is known alive, so it names that
+    process and no later holder of its PID) becomes readable the moment the process has exited. That is the
+    test of death: ``proc.is_alive()`` asks the forkserver, which reports a death only once it has been
+    scheduled to reap the child, so on a loaded machine a process killed long ago can still look alive."""
+
     role: str
     proc: Any
     conn: Connection
     pid: int
+    pidfd: int
+
+    def alive(self) -> bool:
+        readable, _, _ = select.select([self.pidfd], [], [], 0)
+        return not readable
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
 
 class Cluster:
@@ -351,13 +366,16 @@ class Cluster:
             proc.kill()
             raise RuntimeError(f"{role} did not start")
         _, pid = parent.recv()
-        self.children[role] = Child(role, proc, parent, pid)
+        # the process is alive here (nothing kills a process before the driver talks to the cluster)
+        self.children[role] = Child(role, proc, parent, pid, os.pidfd_open(pid))
 
     def revive(self) -> list[str]:
         """Restart every process that died (the conversation's proxies come back without faults)."""
-        dead = [role for role, c in self.children.items() if not c.proc.is_alive()]
+        dead = self.dead()
         for role in dead:
-            self.children[role].proc.join(5)
+            old = self.children[role]
+            old.proc.join(5)
+            os.close(old.pidfd)
             self.start(role)
             self.restarts += 1
         for role in dead:  # the processes that talk to it wait for the new handshake
@@ -370,19 +388,23 @@ class Cluster:
                     child.conn.recv()
         return dead
 
+    def dead(self) -> list[str]:
+        """The roles whose process has exited (seen from its pidfd, not from the forkserver's report)."""
+        return [role for role, c in self.children.items() if not c.alive()]
+
     def stop(self, role: str) -> None:
         child = self.children[role]
-        if child.proc.is_alive():
+        if child.alive():
             with contextlib.suppress(OSError):
                 child.conn.send("stop")
             child.proc.join(10)
 
     def close(self) -> None:
         for child in self.children.values():
-            if child.proc.is_alive():
-                os.kill(child.pid, signal.SIGKILL)
+            child.kill()
             child.proc.join(10)
             child.conn.close()
+            os.close(child.pidfd)
 
 
 # --------------------------------------------------------------------------------------------- driver
@@ -485,7 +507,7 @@ def _wait(cluster: Cluster, future: Any) -> Any:
         try:
             return future.result(timeout=0.05)
         except concurrent.futures.TimeoutError:
-            if not cluster.children["c"].proc.is_alive():
+            if not cluster.children["c"].alive():
                 raise ConversationLost() from None
             if time.monotonic() > deadline:
                 raise
