@@ -71,6 +71,34 @@ def test_a_killed_process_is_restarted_before_the_forkserver_has_reaped_it(tmp_p
         cluster.close()
 
 
+def test_a_process_being_killed_is_waited_for_before_the_dead_are_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 124 (``kill_host_in_tool``) failed under load after the fix above: the conversation had seen the
+    host disconnect (its sockets were closed) but the host had not finished exiting, so the driver found
+    nobody dead, restarted nothing, and spent its attempts (each failing at once: the host not connected)
+    before the host's exit. Each fault now records whom it is killing before it kills; ``revive`` waits for
+    that process's exit. Here the record is written and the SIGKILL is only sent once the driver waits (a
+    late exit, faked by wrapping ``Child.wait_exit``): a driver that only looks finds nobody dead."""
+    cluster = faultsim.Cluster(tmp_path, None)
+    host = cluster.children["h"]
+    wait_exit = faultsim.Child.wait_exit
+
+    def late_exit(child: faultsim.Child, timeout: float) -> bool:  # the fake: the kill lands only now
+        if child is host and timeout > 0:
+            os.kill(host.pid, signal.SIGKILL)
+        return wait_exit(child, timeout)
+
+    monkeypatch.setattr(faultsim.Child, "wait_exit", late_exit)
+    try:
+        (tmp_path / faultsim.FAULTS).write_text(f"h {host.pid}\n")
+        assert cluster.revive() == ["h"]
+        assert cluster.children["h"].pid != host.pid and cluster.children["h"].alive()
+        assert cluster.revive() == []  # a kill is awaited once
+    finally:
+        cluster.close()
+
+
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK), ids=lambda s: f"seeds-{s}-{s + CHUNK - 1}")
 def test_every_invariant_holds_for_every_seed(first: int, tmp_path: Path) -> None:
     failing = faultsim.first_failing(range(first, first + CHUNK), tmp_path)

@@ -47,6 +47,7 @@ TOOL_TIMEOUT = 1.0
 CALL_TIMEOUT = 2.0
 DRIVER_TIMEOUT = 10.0  # one driver request; a hang fails the seed
 ATTEMPTS = 8  # recoveries per turn before the seed is failed as not live
+FAULTS = "faults.log"  # in the seed's dir: "<role> <pid>" for each process a fault is killing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,14 @@ def _append(path: Path, line: str) -> None:
         os.fsync(f.fileno())
 
 
+def _killing(faults: Path, role: str, pid: int) -> None:
+    """SIGKILL ``pid`` (the process of ``role``), first recording in ``faults`` that it is being killed:
+    the driver may hear of the crash (a peer disconnected) before the process has exited, and must not
+    look for the dead in that moment and find none."""
+    _append(faults, f"{role} {pid}")
+    os.kill(pid, signal.SIGKILL)
+
+
 def make_proxy_class() -> type:
     from actors.base import DEFER, BusActor
 
@@ -143,21 +152,24 @@ def make_proxy_class() -> type:
             plan: Plan | None,
             steps: Any,
             pids: dict[str, int],
+            faults: Path,
         ) -> None:
             super().__init__(node, address)
             self.target = target
             self.plan = plan
             self.steps = steps
             self.pids = pids
+            self.faults = faults
 
         def handle(self, message: Any, ctx: Any) -> Any:
             step = next(self.steps)
             plan = self.plan
             fault = plan.kind if plan is not None and step == plan.step else None
             if fault == "kill_conversation":
-                os.kill(os.getpid(), signal.SIGKILL)
+                _killing(self.faults, "c", os.getpid())
             if fault in ("kill_router", "kill_host"):
-                os.kill(self.pids[fault.removeprefix("kill_")], signal.SIGKILL)
+                victim = fault.removeprefix("kill_")
+                _killing(self.faults, {"router": "r", "host": "h"}[victim], self.pids[victim])
             if not ctx.wants_reply:
                 self.tell_to(self.target, message)
                 if fault == "duplicate":
@@ -262,7 +274,9 @@ def node_main(
                 """Record one effect."""
                 _append(effects, tag)
                 if plan is not None and plan.kind == "kill_host_in_tool" and next(runs) == plan.step:
-                    os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its outcome is never stored
+                    _killing(
+                        root / FAULTS, "h", os.getpid()
+                    )  # the effect happened; its outcome is never stored
                 return f"recorded {tag}"
 
             tools = ToolRegistry()
@@ -271,8 +285,13 @@ def node_main(
         else:
             proxy = make_proxy_class()
             steps = itertools.count(1)
-            node.spawn(proxy, "router-proxy", target="r/router", plan=plan, steps=steps, pids=pids)
-            node.spawn(proxy, "host-proxy", target="h/tools", plan=plan, steps=steps, pids=pids)
+            faults = root / FAULTS
+            node.spawn(
+                proxy, "router-proxy", target="r/router", plan=plan, steps=steps, pids=pids, faults=faults
+            )
+            node.spawn(
+                proxy, "host-proxy", target="h/tools", plan=plan, steps=steps, pids=pids, faults=faults
+            )
             builder = (
                 ConversationRuntime.builder()
                 .node(node)
@@ -331,8 +350,12 @@ class Child:
     pidfd: int
 
     def alive(self) -> bool:
-        readable, _, _ = select.select([self.pidfd], [], [], 0)
-        return not readable
+        return not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """True once the process has exited (waiting up to ``timeout`` for it)."""
+        readable, _, _ = select.select([self.pidfd], [], [], timeout)
+        return bool(readable)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -348,6 +371,7 @@ class Cluster:
         self.options = options or Options()
         self.children: dict[str, Child] = {}
         self.restarts = 0
+        self._kills_seen = 0  # lines of the faults log already awaited
         (base / "sock").mkdir(parents=True, exist_ok=True, mode=0o700)
         for role in ("r", "h", "c"):
             self.start(role, plan)
@@ -370,7 +394,9 @@ class Cluster:
         self.children[role] = Child(role, proc, parent, pid, os.pidfd_open(pid))
 
     def revive(self) -> list[str]:
-        """Restart every process that died (the conversation's proxies come back without faults)."""
+        """Restart every process that died (the conversation's proxies come back without faults). A process
+        a fault is killing (see ``_killing``) is first waited for until it has exited (bounded)."""
+        self.await_kills()
         dead = self.dead()
         for role in dead:
             old = self.children[role]
@@ -387,6 +413,17 @@ class Cluster:
                         raise RuntimeError(f"{other} did not reconnect to {role}")
                     child.conn.recv()
         return dead
+
+    def await_kills(self) -> None:
+        """Wait (bounded) until every process the faults log says is being killed has exited."""
+        log = self.base / FAULTS
+        kills = log.read_text().splitlines() if log.exists() else []
+        for line in kills[self._kills_seen :]:
+            role, pid = line.split()
+            child = self.children[role]
+            if child.pid == int(pid) and not child.wait_exit(DRIVER_TIMEOUT):
+                raise RuntimeError(f"{role} (pid {pid}) was killed but did not exit")
+        self._kills_seen = len(kills)
 
     def dead(self) -> list[str]:
         """The roles whose process has exited (seen from its pidfd, not from the forkserver's report)."""
