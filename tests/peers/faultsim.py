@@ -9,7 +9,10 @@ host or the conversation process (by PID), a dropped message, a delayed one, or 
 host kills itself inside the seed's n-th tool run, after the tool's effect and before its outcome is
 stored. The driver (the calling process) runs ``TURNS`` turns of ``CALLS`` tool calls each; whenever a call
 fails it restarts the dead processes on the same data dirs and goes on (``continue_turn`` for an
-interrupted turn).
+interrupted turn). A fault that kills records the victim (role and PID) in ``faults.log`` first, and the
+driver waits for that process's exit (its pidfd) before it counts the dead: a peer's disconnect can reach
+the driver before the process has finished exiting, and the forkserver's report of an exit comes later
+still.
 
 Then it checks, from the stores themselves: every tool effect ran at most once (the tool's own append-only
 log), every provider turn the model saw has exactly one receipt and no intent row is left open (SQL on the
