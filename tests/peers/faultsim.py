@@ -9,7 +9,10 @@ host or the conversation process (by PID), a dropped message, a delayed one, or 
 host kills itself inside the seed's n-th tool run, after the tool's effect and before its outcome is
 stored. The driver (the calling process) runs ``TURNS`` turns of ``CALLS`` tool calls each; whenever a call
 fails it restarts the dead processes on the same data dirs and goes on (``continue_turn`` for an
-interrupted turn).
+interrupted turn). A fault that kills records the victim (role and PID) in ``faults.log`` first, and the
+driver waits for that process's exit (its pidfd) before it counts the dead: a peer's disconnect can reach
+the driver before the process has finished exiting, and the forkserver's report of an exit comes later
+still.
 
 Then it checks, from the stores themselves: every tool effect ran at most once (the tool's own append-only
 log), every provider turn the model saw has exactly one receipt and no intent row is left open (SQL on the
@@ -29,6 +32,7 @@ import multiprocessing
 import os
 import random
 import re
+import select
 import signal
 import sqlite3
 import threading
@@ -46,6 +50,7 @@ TOOL_TIMEOUT = 1.0
 CALL_TIMEOUT = 2.0
 DRIVER_TIMEOUT = 10.0  # one driver request; a hang fails the seed
 ATTEMPTS = 8  # recoveries per turn before the seed is failed as not live
+FAULTS = "faults.log"  # in the seed's dir: "<role> <pid>" for each process a fault is killing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +129,14 @@ def _append(path: Path, line: str) -> None:
         os.fsync(f.fileno())
 
 
+def _killing(faults: Path, role: str, pid: int) -> None:
+    """SIGKILL ``pid`` (the process of ``role``), first recording in ``faults`` that it is being killed:
+    the driver may hear of the crash (a peer disconnected) before the process has exited, and must not
+    look for the dead in that moment and find none."""
+    _append(faults, f"{role} {pid}")
+    os.kill(pid, signal.SIGKILL)
+
+
 def make_proxy_class() -> type:
     from actors.base import DEFER, BusActor
 
@@ -142,21 +155,24 @@ def make_proxy_class() -> type:
             plan: Plan | None,
             steps: Any,
             pids: dict[str, int],
+            faults: Path,
         ) -> None:
             super().__init__(node, address)
             self.target = target
             self.plan = plan
             self.steps = steps
             self.pids = pids
+            self.faults = faults
 
         def handle(self, message: Any, ctx: Any) -> Any:
             step = next(self.steps)
             plan = self.plan
             fault = plan.kind if plan is not None and step == plan.step else None
             if fault == "kill_conversation":
-                os.kill(os.getpid(), signal.SIGKILL)
+                _killing(self.faults, "c", os.getpid())
             if fault in ("kill_router", "kill_host"):
-                os.kill(self.pids[fault.removeprefix("kill_")], signal.SIGKILL)
+                victim = fault.removeprefix("kill_")
+                _killing(self.faults, {"router": "r", "host": "h"}[victim], self.pids[victim])
             if not ctx.wants_reply:
                 self.tell_to(self.target, message)
                 if fault == "duplicate":
@@ -261,7 +277,9 @@ def node_main(
                 """Record one effect."""
                 _append(effects, tag)
                 if plan is not None and plan.kind == "kill_host_in_tool" and next(runs) == plan.step:
-                    os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its outcome is never stored
+                    _killing(
+                        root / FAULTS, "h", os.getpid()
+                    )  # the effect happened; its outcome is never stored
                 return f"recorded {tag}"
 
             tools = ToolRegistry()
@@ -270,8 +288,13 @@ def node_main(
         else:
             proxy = make_proxy_class()
             steps = itertools.count(1)
-            node.spawn(proxy, "router-proxy", target="r/router", plan=plan, steps=steps, pids=pids)
-            node.spawn(proxy, "host-proxy", target="h/tools", plan=plan, steps=steps, pids=pids)
+            faults = root / FAULTS
+            node.spawn(
+                proxy, "router-proxy", target="r/router", plan=plan, steps=steps, pids=pids, faults=faults
+            )
+            node.spawn(
+                proxy, "host-proxy", target="h/tools", plan=plan, steps=steps, pids=pids, faults=faults
+            )
             builder = (
                 ConversationRuntime.builder()
                 .node(node)
@@ -318,10 +341,28 @@ def _context() -> Any:
 
 @dataclasses.dataclass
 class Child:
+    """One process of the cluster. ``pidfd`` (opened while the process is known alive, so it names that
+    process and no later holder of its PID) becomes readable the moment the process has exited. That is the
+    test of death: ``proc.is_alive()`` asks the forkserver, which reports a death only once it has been
+    scheduled to reap the child, so on a loaded machine a process killed long ago can still look alive."""
+
     role: str
     proc: Any
     conn: Connection
     pid: int
+    pidfd: int
+
+    def alive(self) -> bool:
+        return not self.wait_exit(0)
+
+    def wait_exit(self, timeout: float) -> bool:
+        """True once the process has exited (waiting up to ``timeout`` for it)."""
+        readable, _, _ = select.select([self.pidfd], [], [], timeout)
+        return bool(readable)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
 
 class Cluster:
@@ -333,6 +374,7 @@ class Cluster:
         self.options = options or Options()
         self.children: dict[str, Child] = {}
         self.restarts = 0
+        self._kills_seen = 0  # lines of the faults log already awaited
         (base / "sock").mkdir(parents=True, exist_ok=True, mode=0o700)
         for role in ("r", "h", "c"):
             self.start(role, plan)
@@ -351,13 +393,18 @@ class Cluster:
             proc.kill()
             raise RuntimeError(f"{role} did not start")
         _, pid = parent.recv()
-        self.children[role] = Child(role, proc, parent, pid)
+        # the process is alive here (nothing kills a process before the driver talks to the cluster)
+        self.children[role] = Child(role, proc, parent, pid, os.pidfd_open(pid))
 
     def revive(self) -> list[str]:
-        """Restart every process that died (the conversation's proxies come back without faults)."""
-        dead = [role for role, c in self.children.items() if not c.proc.is_alive()]
+        """Restart every process that died (the conversation's proxies come back without faults). A process
+        a fault is killing (see ``_killing``) is first waited for until it has exited (bounded)."""
+        self.await_kills()
+        dead = self.dead()
         for role in dead:
-            self.children[role].proc.join(5)
+            old = self.children[role]
+            old.proc.join(5)
+            os.close(old.pidfd)
             self.start(role)
             self.restarts += 1
         for role in dead:  # the processes that talk to it wait for the new handshake
@@ -370,19 +417,34 @@ class Cluster:
                     child.conn.recv()
         return dead
 
+    def await_kills(self) -> None:
+        """Wait (bounded) until every process the faults log says is being killed has exited."""
+        log = self.base / FAULTS
+        kills = log.read_text().splitlines() if log.exists() else []
+        for line in kills[self._kills_seen :]:
+            role, pid = line.split()
+            child = self.children[role]
+            if child.pid == int(pid) and not child.wait_exit(DRIVER_TIMEOUT):
+                raise RuntimeError(f"{role} (pid {pid}) was killed but did not exit")
+        self._kills_seen = len(kills)
+
+    def dead(self) -> list[str]:
+        """The roles whose process has exited (seen from its pidfd, not from the forkserver's report)."""
+        return [role for role, c in self.children.items() if not c.alive()]
+
     def stop(self, role: str) -> None:
         child = self.children[role]
-        if child.proc.is_alive():
+        if child.alive():
             with contextlib.suppress(OSError):
                 child.conn.send("stop")
             child.proc.join(10)
 
     def close(self) -> None:
         for child in self.children.values():
-            if child.proc.is_alive():
-                os.kill(child.pid, signal.SIGKILL)
+            child.kill()
             child.proc.join(10)
             child.conn.close()
+            os.close(child.pidfd)
 
 
 # --------------------------------------------------------------------------------------------- driver
@@ -485,7 +547,7 @@ def _wait(cluster: Cluster, future: Any) -> Any:
         try:
             return future.result(timeout=0.05)
         except concurrent.futures.TimeoutError:
-            if not cluster.children["c"].proc.is_alive():
+            if not cluster.children["c"].alive():
                 raise ConversationLost() from None
             if time.monotonic() > deadline:
                 raise
