@@ -340,6 +340,9 @@ class JobsMixin:
         self._job_tools: RegisterJobTools | None = None
         self._jobs_running: dict[str, str] = dict(r.jobs_running)  # job id -> runner
         self._job_queue: deque[CompletedJob] = deque(r.undelivered)
+        # jobs asked to start whose answer has not come: a JobDone that overtakes it (the runner's tell and
+        # its reply travel on different sockets) waits here, so JobStarted always comes before JobFinished
+        self._jobs_starting: dict[str, CompletedJob | None] = {}
 
     def _reconcile_jobs(self) -> None:
         """After a resume: ask each job's runner about the jobs started and not seen finish."""
@@ -370,6 +373,9 @@ class JobsMixin:
         """A completion (from the runner, or found on resume): counted once, journaled, queued (BG-06)."""
         if job.job_id not in self._jobs_running:
             return  # a repeat, or not this conversation's
+        if job.job_id in self._jobs_starting:
+            self._jobs_starting[job.job_id] = job  # taken up once its start is answered
+            return
         del self._jobs_running[job.job_id]
         self._write("the job's completion", lambda j: j.loop_record("job_finished", job=job_to_json(job)))
         self._job_queue.append(job)
@@ -500,7 +506,8 @@ class JobsMixin:
                     self._jobs_running[job_id] = tools.runner
 
                 def started(reply: Reply) -> None:
-                    if reply.error is not None:  # ended at once: the model is told now, not again later
+                    early = self._jobs_starting.pop(job_id, None)
+                    if reply.error is not None and early is None:  # ended at once: told now, not again later
                         self._jobs_running.pop(job_id, None)
                         lost = CompletedJob(
                             job_id=job_id,
@@ -522,6 +529,8 @@ class JobsMixin:
                         return
                     self._emit(JobStarted(job_id=job_id, command=label))
                     finished(ToolExecution(ok=True, text=f"started background job {job_id}"))
+                    if early is not None:
+                        self._job_done(early)
 
                 message = StartJob(
                     job_id=job_id,
@@ -532,6 +541,7 @@ class JobsMixin:
                     timeout_s=tools.timeout_s,
                     output_cap=tools.output_cap,
                 )
+                self._jobs_starting[job_id] = None
                 self.ask(tools.runner, message, started, timeout=RUNNER_TIMEOUT)
 
             return start

@@ -97,6 +97,8 @@ def test_gl03_clear_goal_emits_goal_cleared_even_without_a_goal(env: Env) -> Non
     rt.set_goal("c", 3)
     rt.clear_goal()
     assert rt.current_goal() is None
+    # events reach the sink by tell, after the control's answer may have: wait for the second GoalCleared
+    env.sink.wait_for(lambda e: isinstance(e, GoalCleared) and len(env.sink.of(GoalCleared)) == 2)
     assert kinds(goal_events(env)) == ["GoalCleared", "GoalSet", "GoalCleared"]
 
 

@@ -21,8 +21,9 @@ from peers.loop_kit import ManualClock, gone, read_pid
 
 from actors.conversation import CancellationToken, ToolCallFinished, read_journal
 from actors.conversation.jobs import BackgroundJobManager, JobRunnerActor, injected_text
+from actors.conversation.messages import JobDone, JobInfo, StartJob
 from actors.conversation.runtime import WakeupSlot
-from actors.conversation.types import JobFinished, JobStarted, MessageAppended, TurnFinished
+from actors.conversation.types import CompletedJob, JobFinished, JobStarted, MessageAppended, TurnFinished
 from transport.node import Node
 
 
@@ -519,3 +520,43 @@ def test_a_start_job_cut_off_before_its_outcome_is_never_started_again(
     else:
         assert not result.is_error and result.content.startswith("started background job job-")
     assert marks.read_text().splitlines() == ["run"]
+
+
+class OvertakingRunner(JobRunnerActor):
+    """A fake runner (named so): it tells the job's end before it answers the start, as a real runner in
+    another process can when its tell and its reply travel on different sockets."""
+
+    def handle(self, message: Any, ctx: Any) -> Any:
+        if isinstance(message, StartJob):
+            done = CompletedJob(
+                job_id=message.job_id,
+                command=message.command,
+                exit_code=0,
+                output="fast\n",
+                completed_at_ms=1,
+            )
+            self.tell_to(message.owner, JobDone(job=done))
+            return JobInfo(job_id=message.job_id, command=message.command, state="running")
+        return super().handle(message, ctx)
+
+
+def test_bg06_a_completion_that_overtakes_its_start_is_delivered_once_after_job_started(
+    env: Env, tmp_path: Path
+) -> None:
+    """BG-06 (every completion delivered exactly once): a JobDone that arrives before the runner's answer to
+    StartJob is neither dropped nor reported before JobStarted; the next turn gets it."""
+    clock = ManualClock()
+    rt = env.build(timers=clock)
+    env.node.spawn(OvertakingRunner, "overtaking")
+    manager = BackgroundJobManager(env.node, f"{env.node.name}/overtaking", workdir=str(tmp_path))
+    rt.register_job_tools(manager)
+    slot = WakeupSlot("s1")
+    rt.register_wakeup_tool(slot, max_delay_s=3600)
+    env.script(start("echo fast", "j1"), text("started"))
+    env.script(text("the job said fast"))
+    outcomes = rt.run_event_loop_future("go", slot, manager).result(WAIT)
+    assert [o.final_text for o in outcomes] == ["started", "the job said fast"]
+    kinds = [type(e).__name__ for e in env.sink.of(JobStarted, JobFinished)]
+    assert kinds == ["JobStarted", "JobFinished"]
+    job_id = started_ids(env)["echo fast"]
+    assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\nfast\n"
