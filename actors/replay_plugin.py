@@ -59,7 +59,10 @@ class Tape:
             if key != MAILBOX:
                 self.effects[(record.actor, key)].append(value)
                 continue
-            message = decode_local(registry, value, open_requests)
+            try:
+                message = decode_local(registry, value, open_requests)
+            except ValueError:  # another actor's own mailbox record (a conversation's timer, a job's end)
+                continue
             if isinstance(message, Emitted | Finished):
                 self.turns[(record.actor, message.operation_id)].append(message)
             elif isinstance(message, Counted) and message.counts is not None:

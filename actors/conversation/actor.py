@@ -86,6 +86,7 @@ from actors.conversation.messages import (
 from actors.conversation.people import GateActor
 from actors.conversation.permissions import denial_text, merge_input
 from actors.conversation.shadow import RestoreReport
+from actors.conversation.timers import conversation_mailbox
 from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
 from actors.conversation.types import (
     ChatTokenUsage,
@@ -309,6 +310,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
         self._reconcile_jobs()
 
     def on_local(self, message: Any) -> Any:
+        message = conversation_mailbox(self.node, self.address, message)  # recorded, or served on a replay
         if self._people_local(message):
             return None
         if isinstance(message, _HooksDone):

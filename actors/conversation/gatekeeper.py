@@ -66,7 +66,7 @@ from actors.conversation.permissions import (
     SetPermissionHook,
     merge_input,
 )
-from actors.conversation.timers import RealTimers, Timers
+from actors.conversation.timers import RecordedTimers, Timers, WaitExpired
 from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import Message, TodoItem, TodoUpdated
 from transport.errors import Expired, NotDelivered
@@ -118,10 +118,7 @@ class KernelInfo:
     model: str
 
 
-@dataclass(frozen=True)
-class _Expired:
-    kind: str  # "ask" or "plan"
-    key: str
+_Expired = WaitExpired  # a wait for a person that ran past ask_timeout (timers.py: recorded on capture)
 
 
 class Gatekeeper:
@@ -158,7 +155,7 @@ class Gatekeeper:
         self._plan_tools = False  # the host has exit_plan_mode / request_plan_mode (a call may wait)
         self._ask_waiters: dict[str, Callable[[PermissionDecision], None]] = {}
         self._plan_waiters: dict[str, Callable[[ToolExecution], None]] = {}
-        self._people_timers: Timers = self.config.timers or RealTimers()
+        self._people_timers: Timers = self.config.timers or RecordedTimers(self.node, self.address)
         self._wait_timers: dict[tuple[str, str], Callable[[], None]] = {}  # (kind, key) -> cancel
         self._tool_sink: str | None = self.config.sink  # the sink the host's tools are bound to (ES-02)
         self._rejections: list[str] = []

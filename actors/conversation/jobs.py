@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,9 +50,11 @@ from actors.conversation.tools import ToolExecution, ToolSpec
 from actors.conversation.types import CompletedJob, JobFinished, JobStarted
 from actors.effects import EffectRecord, unknown_text
 from actors.subprocesses import run_bounded
+from transport.capture import pack_payload, unpack_payload
 from transport.errors import ProtocolError
 from transport.node import Node
 from transport.pending import Reply
+from transport.replay import ReplayedMailbox, record_mailbox, recorded_clock, replaying
 
 if TYPE_CHECKING:
     from actors.conversation.wakeups import _WakeLoop
@@ -118,11 +119,12 @@ class JobRunnerActor(BusActor):
         address: str,
         *,
         callables: dict[str, Callable[[], Any]] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(node, address)
         self._callables = dict(callables or {})
-        self._clock = clock
+        # None: the wall clock through the replay seam (transport/replay.py recorded_clock)
+        self._clock = clock or (lambda: recorded_clock(self.node, self.address))
         self._jobs: dict[str, _Job] = {}
         self._stop_waiters: list[tuple[str, Context]] = []
 
@@ -220,15 +222,25 @@ class JobRunnerActor(BusActor):
             tail = data[-m.output_cap :].decode("utf-8", "replace")
             report(None if job.cancel.is_set() else code, tail, len(data))
 
-        job.thread = threading.Thread(
-            target=shell if m.command else python, name=f"job-{m.job_id}", daemon=True
-        )
         self._jobs[m.job_id] = job
-        job.thread.start()
-        started.wait(RUNNER_TIMEOUT)  # the child is running (its pgid known) before the answer
+        if not replaying(self.node):  # a replay runs no process: its pgid and its end come from the log
+            job.thread = threading.Thread(
+                target=shell if m.command else python, name=f"job-{m.job_id}", daemon=True
+            )
+            job.thread.start()
+            started.wait(RUNNER_TIMEOUT)  # the child is running (its pgid known) before the answer
+        pgid = job.pgid
+        job.pgid = int.from_bytes(self.node.effect(self.address, b"job.pgid", lambda: pgid.to_bytes(8)))
         return self._info(job, m.job_id)
 
     def on_local(self, message: Any) -> Any:
+        # A job's end reaches the runner from the job's thread: recorded in mailbox order, served on a replay.
+        if isinstance(message, ReplayedMailbox):
+            row = unpack_payload(message.payload)
+            message = _Exited(str(row[1]), row[2], str(row[3]), int(row[4]))
+        elif isinstance(message, _Exited) and self.node.capture is not None:
+            row = ["job.exited", message.job_id, message.exit_code, message.output, message.size]
+            record_mailbox(self.node, self.address, pack_payload(row))
         if isinstance(message, _Exited):
             job = self._jobs.get(message.job_id)
             if job is None or job.done is not None:

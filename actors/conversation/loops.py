@@ -32,7 +32,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.base import Context
@@ -49,7 +49,7 @@ from actors.conversation.messages import (
     SlotSchedule,
     SlotTake,
 )
-from actors.conversation.timers import RealTimers, TimerFired, Timers
+from actors.conversation.timers import Judged, RealTimers, RecordedTimers, TimerFired, Timers
 from actors.conversation.types import (
     FinishReason,
     GoalAchieved,
@@ -64,6 +64,7 @@ from actors.conversation.types import (
     Wakeup,
 )
 from actors.session import CancelSession
+from transport.replay import replaying
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +154,6 @@ def parse_verdict(arguments: dict[str, Any] | None, text: str | None) -> GoalVer
 # ------------------------------------------------------------------------------------------ states
 
 
-@dataclass(frozen=True)
-class _Judged:
-    seq: int
-    verdict: GoalVerdict | BaseException
-
-
 class LoopsMixin:
     """The loops' state and handlers; mixed into ``ConversationActor`` (which provides the helpers used)."""
 
@@ -170,6 +165,7 @@ class LoopsMixin:
     _run: KernelRun | None
     address: str
     actor_ref: Any
+    node: Any
 
     if TYPE_CHECKING:
 
@@ -202,7 +198,7 @@ class LoopsMixin:
         self._wake: Any = None  # the running wakeup/event loop (wakeups.py)
         self._seq = 0
         self._judging: dict[int, Callable[[GoalVerdict | BaseException], None]] = {}
-        self._timers: Timers = self.config.timers or RealTimers()
+        self._timers: Timers = self.config.timers or RecordedTimers(self.node, self.address)
         self._judge_timer: tuple[int, KernelRun] | None = None
 
     def _next_seq(self) -> int:
@@ -400,8 +396,10 @@ class LoopsMixin:
                     result = ConversationError(f"the goal evaluator returned {type(result).__name__}")
             except BaseException as exc:  # noqa: BLE001 - handed to the loop (GL-14)
                 result = exc
-            ref.tell(_Judged(seq, result))
+            ref.tell(Judged(seq, result))
 
+        if replaying(self.node):  # the verdict is served from the log (timers.py conversation_mailbox)
+            return
         threading.Thread(target=work, name=f"{self.address}-evaluator", daemon=True).start()
 
     def _judge(
@@ -451,7 +449,7 @@ class LoopsMixin:
         if isinstance(message, TimerFired):
             self._timer_fired(message.seq)
             return True
-        if isinstance(message, _Judged):
+        if isinstance(message, Judged):
             then = self._judging.pop(message.seq, None)
             if then is not None:
                 then(message.verdict)

@@ -17,6 +17,7 @@ import pytest
 from peers import replay_scenarios as sc
 
 from actors.codex.actor import CodexAdapterActor
+from actors.conversation.jobs import JobRunnerActor
 from actors.echo import EchoActor
 from actors.inference import InferenceHandleActor
 from actors.nodes import registry
@@ -68,6 +69,33 @@ CAPTURES: dict[str, list[tuple[str, Any]]] = {
         ("n1/agent.loop.0.inference.0", InferenceHandleActor.replayed()),
         ("n1/router", sc.router(sc.lab_catalog("http://127.0.0.1:9/v1"))),
     ],
+    # issue 17's seed-002 loops and gates, on the scripted model: a goal loop with its judge runs, a wakeup
+    # loop whose timer fired (the firing and the clock served from the log: the replay does not wait), and
+    # a plan approved through the gate actor, after which the mutating tool ran.
+    "goal_loop.buslog": [
+        ("n1/agent", sc.conversation("m1", judge_timeout=sc.JUDGE_TIMEOUT)),
+        ("n1/agent.host", sc.tool_host()),
+        *((f"n1/agent.loop.{i}", SessionLoopActor) for i in range(4)),
+        *((f"n1/agent.loop.{i}.inference.0", InferenceHandleActor.replayed()) for i in range(4)),
+        ("n1/router", sc.router(sc.SCRIPTED)),
+    ],
+    "wakeup_loop.buslog": [
+        ("n1/agent", sc.conversation("m1")),
+        ("n1/agent.host", sc.tool_host()),
+        *((f"n1/agent.loop.{i}", SessionLoopActor) for i in range(2)),
+        *((f"n1/agent.loop.{i}.inference.0", InferenceHandleActor.replayed()) for i in range(2)),
+        ("n1/router", sc.router(sc.SCRIPTED)),
+    ],
+    "approved_plan.buslog": [
+        ("n1/agent", sc.conversation("m1", plan_mode=True)),
+        ("n1/agent.host", sc.tool_host(sc.plan_tools())),
+        ("n1/agent.plan_gate", sc.gate()),
+        ("n1/agent.loop.0", SessionLoopActor),
+        ("n1/agent.loop.0.inference.0", InferenceHandleActor.replayed()),
+        ("n1/router", sc.router(sc.SCRIPTED)),
+    ],
+    # A real shell command's end reaches the job runner as its own mailbox message: a replay runs no process.
+    "background_job.buslog": [("n1/jobs", JobRunnerActor)],
 }
 REPLAYS = [(name, spec, cls) for name, actors in sorted(CAPTURES.items()) for spec, cls in actors]
 
@@ -301,3 +329,165 @@ def test_an_edited_router_event_diverges_in_the_inference_handle() -> None:
         Replay(changed, handle, reg).run(InferenceHandleActor.replayed())
     assert err.value.index is not None and err.value.index > target.n
     assert any("EDITED" in d for d in err.value.diff), err.value.diff
+
+
+# ------------------------------------------------- negative controls: the seed-002 loops and gates
+def _edited_bytes(log: CaptureLog, target: Any, old: bytes, new: bytes) -> CaptureLog:
+    assert len(old) == len(new) and old in target.frames[1]  # same length: the msgpack stays well formed
+    return _edit(log, target, (target.frames[0], target.frames[1].replace(old, new)))
+
+
+def _mailbox_records(log: CaptureLog, actor: str) -> list[Any]:
+    from transport.replay import MAILBOX
+
+    return [r for r in log.records if r.at == "effect" and r.actor == actor and r.frames[0] == MAILBOX]
+
+
+def test_the_wakeup_timer_firing_is_served_from_the_log() -> None:
+    """The wakeup loop's timer firing is a recorded mailbox message (no live timer runs on a replay): had
+    another timer fired (an edited sequence number), the loop would not have woken: where the log has the
+    woken turn's first message (the tool list asked of the host), the replay sends something else."""
+    from transport.capture import pack_payload, unpack_payload
+    from transport.replay import MAILBOX, ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "wakeup_loop.buslog")
+    [fired] = _mailbox_records(log, "n1/agent")
+    assert unpack_payload(fired.frames[1]) == ["conv.timer", 1]
+    edited = _edit(log, fired, (MAILBOX, pack_payload(["conv.timer", 99])))
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(edited, "n1/agent", reg).run(sc.conversation("m1"))
+    assert err.value.index is not None and err.value.index > fired.n
+    assert any("expected 'conv.host.list'" in d for d in err.value.diff), err.value.diff
+
+
+def test_the_wakeup_due_time_comes_from_the_recorded_clock() -> None:
+    """The conversation's clock is served from the log: an edited reading is the due time the schedule_wakeup
+    tool then reports to the model."""
+    import struct
+
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "wakeup_loop.buslog")
+    reading = next(
+        r for r in log.records if r.at == "effect" and r.actor == "n1/agent" and r.frames[0] == b"time"
+    )
+    edited = _edit(log, reading, (b"time", struct.pack(">d", 1_000_000.0)))
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(edited, "n1/agent", reg).run(sc.conversation("m1"))
+    assert any("1000000.200" in d for d in err.value.diff), err.value.diff
+
+
+def test_a_different_verdict_reason_diverges_in_the_goal_loop() -> None:
+    """GL-10 through a replay: the judge's reason is the next turn's feedback, so an edited verdict (the
+    judge run's goal_verdict call as the conversation took it) changes the prompt of the loop's next turn."""
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "goal_loop.buslog")
+    target = next(
+        r
+        for r in log.records
+        if r.at == "deliver" and r.actor == "n1/agent" and b"the file is empty" in r.frames[1]
+    )
+    edited = _edited_bytes(log, target, b"the file is empty", b"the file is EMPTY")
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(edited, "n1/agent", reg).run(sc.conversation("m1", judge_timeout=sc.JUDGE_TIMEOUT))
+    assert err.value.index is not None and err.value.index > target.n
+    assert any("EMPTY" in d for d in err.value.diff), err.value.diff
+
+
+def test_a_rejection_instead_of_the_approval_diverges_in_the_gate_and_the_conversation() -> None:
+    """PG-03 through a replay: the gate actor relays the person's decision, and the conversation answers the
+    waiting exit_plan_mode call with it; a recorded approval edited into a rejection shows in both."""
+    from actors.conversation.people import GateDecide
+    from transport.replay import ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "approved_plan.buslog")
+    for actor, factory, what in [
+        ("n1/agent.plan_gate", sc.gate(), "body.approved: expected True, got False"),
+        ("n1/agent", sc.conversation("m1", plan_mode=True), '"approved": false'),
+    ]:
+        target = _first(log, "deliver", actor, GateDecide.TAG)
+        decision = reg.decode(GateDecide.TAG, target.frames[1])
+        assert decision.approved is True
+        rejected = dataclasses.replace(decision, approved=False, reason="no")
+        edited = _edit(log, target, (target.frames[0], reg.encode(rejected)))
+        with pytest.raises(ReplayDivergence) as err:
+            Replay(edited, actor, reg).run(factory)
+        assert err.value.index is not None and err.value.index > target.n
+        assert any(what in d for d in err.value.diff), (actor, err.value.diff)
+
+
+def test_the_job_end_is_served_from_the_log() -> None:
+    """The job runner's replay runs no process: the job's end is its recorded mailbox message, so an edited
+    output is what the runner then tells the job's owner."""
+    from transport.capture import pack_payload, unpack_payload
+    from transport.replay import MAILBOX, ReplayDivergence
+
+    reg = registry()
+    log = read_log(HERE / "background_job.buslog")
+    [ended] = _mailbox_records(log, "n1/jobs")
+    row = unpack_payload(ended.frames[1])
+    assert row[0] == "job.exited" and row[3] == "hello\n"
+    edited = _edit(log, ended, (MAILBOX, pack_payload([*row[:3], "EDITED\n", row[4]])))
+    with pytest.raises(ReplayDivergence) as err:
+        Replay(edited, "n1/jobs", reg).run(JobRunnerActor)
+    assert "body.job.output: expected 'hello\\n', got 'EDITED\\n'" in err.value.diff, err.value.diff
+
+
+def test_a_fallback_tool_call_id_reaches_the_replay_only_from_the_log() -> None:
+    """Issue 17 item 3: the local provider makes its tool call ids itself (``call_<uuid4>``); they reach the
+    Router only inside its recorded provider events (the Router's mailbox), so the conversation capture
+    replays (above) with the recorded id and no seam in the provider is needed."""
+    from actors.router.providers.base import ToolCallRequested
+    from actors.router.turns import Emitted, decode_local
+
+    reg = registry()
+    log = read_log(HERE / "conversation_tool_turn.buslog")
+    calls = [
+        e.event.call.call_id
+        for r in _mailbox_records(log, "n1/router")
+        if isinstance(e := decode_local(reg, r.frames[1], {}), Emitted)
+        and isinstance(e.event, ToolCallRequested)
+    ]
+    assert len(calls) == 1 and calls[0].startswith("call_")
+    assert any(
+        calls[0].encode() in r.frames[1] for r in log.records if r.at == "deliver" and r.actor == "n1/agent"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "actor", "factory"),
+    [
+        ("wakeup_loop.buslog", "n1/agent", sc.conversation("m1")),
+        ("goal_loop.buslog", "n1/agent", sc.conversation("m1", judge_timeout=sc.JUDGE_TIMEOUT)),
+        ("background_job.buslog", "n1/jobs", JobRunnerActor),
+    ],
+)
+def test_a_replay_starts_no_timer_and_runs_no_process(
+    name: str, actor: str, factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conversation's timers (the wakeup's, the judge's timeout) and the runner's job processes are
+    inputs served from the log: a replay starts neither (guards, named so, in place of threading.Timer and
+    run_bounded record any call)."""
+    import actors.conversation.jobs as jobs
+    import actors.conversation.timers as timers
+
+    started: list[str] = []
+
+    def guard_timer(*args: Any, **kwargs: Any) -> Any:
+        started.append("timer")
+        raise AssertionError("a replay started a timer")
+
+    def guard_process(*args: Any, **kwargs: Any) -> Any:
+        started.append("process")
+        raise AssertionError("a replay ran a process")
+
+    monkeypatch.setattr(timers.threading, "Timer", guard_timer)
+    monkeypatch.setattr(jobs, "run_bounded", guard_process)
+    log = read_log(HERE / name)
+    Replay(log, actor, registry()).run(factory)
+    assert started == []
