@@ -86,7 +86,7 @@ from actors.conversation.messages import (
 from actors.conversation.people import GateActor
 from actors.conversation.permissions import denial_text, merge_input
 from actors.conversation.shadow import RestoreReport
-from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
+from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools, offered_tools
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -588,6 +588,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 describe_tools((*specs, *self._local_specs())),
                 turn_index=index,
                 base=len(self._transcript),
+                tools=offered_tools((*specs, *self._local_specs())),
             )
             self._kernel(run, lambda error: self._turn_ran(run, user_at, error, answer))
 
@@ -706,6 +707,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 turn_index=it.turn_index,
                 steps=it.steps,
                 base=len(self._transcript),
+                tools=offered_tools((*specs, *self._local_specs())),
             )
             self._kernel(run, lambda error: self._turn_ran(run, it.user_at, error, answer))
 
