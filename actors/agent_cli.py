@@ -68,6 +68,9 @@ DEMO_PROMPT: Final = (
 )
 DEFAULT_MODEL: Final = "smollm2"
 CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Router
+# An in-process Router answers once its actor has started (ledger recovery, on a loaded machine slowly):
+# wait for that answer, but end at once if the actor stopped instead, and give up only after this long.
+STARTUP_WAIT: Final = 120.0
 QUIT_WINDOW: Final = 2.0  # seconds: a second Ctrl-C within this of the first quits
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
@@ -644,13 +647,30 @@ class Agent:
         from transport import BusError
 
         try:
-            return RouterClient(self.node, self.router).resolve_model(model, timeout=CONNECT_WAIT)
+            if self.args.connect:
+                return RouterClient(self.node, self.router).resolve_model(model, timeout=CONNECT_WAIT)
+            return self._local_router_answer(RouterClient(self.node, self.router), model)
         except UnknownModel as exc:
             raise CliError(f"{exc}") from None
         except BusError as exc:
             raise CliError(
                 f"the Router at {self.router} does not answer: {type(exc).__name__}: {exc}", 3
             ) from None
+
+    def _local_router_answer(self, client: Any, model: str) -> Any:
+        """The in-process Router's answer to ``resolve_model``: waited for while its actor runs (it
+        queues the request until it has started), bounded by ``STARTUP_WAIT``; a CliError at once if the
+        actor stopped instead of starting."""
+        import concurrent.futures
+
+        future = client.resolve_model_future(model, timeout=STARTUP_WAIT)
+        ref = self.node.lookup(self.router.rpartition("/")[2])
+        while not future.done():
+            concurrent.futures.wait([future], timeout=0.25)
+            if not future.done() and ref is not None and not getattr(ref, "is_alive", lambda: True)():
+                future.cancel()
+                raise CliError(f"the Router {self.router} did not start (it stopped; -v shows why)", 1)
+        return future.result()
 
     def stop(self, *, close: bool = True) -> None:
         """End the session (``close``: SessionEnd, after any running turn) and stop what ``start`` started."""
@@ -801,7 +821,8 @@ class Agent:
         from actors.router.client import RouterClient
         from transport import BusError
 
-        router = RouterClient(self.node, self.router, timeout=CONNECT_WAIT)
+        wait = CONNECT_WAIT if self.args.connect else STARTUP_WAIT
+        router = RouterClient(self.node, self.router, timeout=wait)
         try:
             return [r for op in operations for r in router.receipts_for(op)], None
         except BusError as exc:

@@ -45,6 +45,7 @@ from actors.router.messages import FinishUnavailable as RouterFinishUnavailable
 from actors.types import (
     AgentContinuation,
     ModelContext,
+    OfferedTool,
     ReceiptError,
     ResolvedAgentModel,
     TokenUsage,
@@ -102,6 +103,8 @@ class PreparedRound:
     timeout: float | None
     # a JSON schema the answer must follow, where the provider can constrain it (the goal judge's verdict)
     response_schema: dict[str, JsonValue] | None = None
+    # the application tools offered this round, as data (``tool_description`` lists them as text)
+    tools: tuple[OfferedTool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -342,6 +345,7 @@ def start_turn_of(request: SessionInferenceRequest, *, ephemeral: bool = False) 
         timeout_s=prepared.timeout,
         ephemeral=ephemeral,
         response_schema=prepared.response_schema,
+        tools=prepared.tools,
     )
 
 

@@ -146,6 +146,18 @@ class ToolCallError:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OfferedTool:
+    """One application tool a turn offers the model through ``call_ktool``: its name, description and
+    JSON-schema parameters, as structured data (``PreparedRound.tools``, ``StartTurn.tools``). A provider
+    that can constrain output (the embedded model's grammar) limits a call to these tools and schemas."""
+
+    TAG: ClassVar[str] = "agent.offered_tool"
+    name: str
+    description: str = ""
+    parameters: dict[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCall:
     """A strictly parsed ``call_ktool`` call: the application tool's name and its JSON-object arguments."""
 
@@ -187,6 +199,7 @@ AGENT_TYPES = (
     ToolResult,
     ToolCallError,
     ToolCall,
+    OfferedTool,
 )
 
 

@@ -87,7 +87,7 @@ from actors.conversation.people import GateActor
 from actors.conversation.permissions import denial_text, merge_input
 from actors.conversation.shadow import RestoreReport
 from actors.conversation.timers import conversation_mailbox
-from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools
+from actors.conversation.tools import ToolExecution, ToolSpec, describe_tools, offered_tools
 from actors.conversation.types import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -590,6 +590,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 describe_tools((*specs, *self._local_specs())),
                 turn_index=index,
                 base=len(self._transcript),
+                tools=offered_tools((*specs, *self._local_specs())),
             )
             self._kernel(run, lambda error: self._turn_ran(run, user_at, error, answer))
 
@@ -708,6 +709,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 turn_index=it.turn_index,
                 steps=it.steps,
                 base=len(self._transcript),
+                tools=offered_tools((*specs, *self._local_specs())),
             )
             self._kernel(run, lambda error: self._turn_ran(run, it.user_at, error, answer))
 

@@ -63,7 +63,7 @@ from actors.session import (
     SessionRunRequest,
     SessionToolOutcome,
 )
-from actors.types import TokenUsage, ToolCall, ToolCallError
+from actors.types import OfferedTool, TokenUsage, ToolCall, ToolCallError
 from transport.errors import BusError, Expired, NotDelivered, Unavailable
 from transport.node import Node
 from transport.pending import Reply
@@ -165,6 +165,7 @@ class KernelRun:
     verdict: dict[str, Any] | None = None  # a judge run: the arguments of its goal_verdict call
     timed_out: bool = False  # a judge run cancelled at its timeout
     response_schema: dict[str, Any] | None = None  # the answer's JSON schema (a judge run's verdict)
+    tools: tuple[OfferedTool, ...] = ()  # the tools tool_description lists, as data (PreparedRound.tools)
 
 
 class KernelHost(BusActor):
@@ -292,6 +293,7 @@ class KernelHost(BusActor):
                         tool_description=run.tool_description,
                         timeout=self.config.round_timeout,
                         response_schema=run.response_schema,
+                        tools=run.tools,
                     )
                 )
             case HostRecord(event=event):

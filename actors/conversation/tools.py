@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, get_args, get_origin, get_type_hints
 
+from actors.types import OfferedTool
 from transport.codec import JsonValue
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "ToolRegistryError",
     "ToolSpec",
     "describe_tools",
+    "offered_tools",
 ]
 
 SINK_PARAMETER = "sink"
@@ -310,3 +312,15 @@ def describe_tools(specs: tuple[ToolSpec, ...]) -> str:
         args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
         lines.append(f"- {spec.name}({args}): {spec.description}".rstrip(": "))
     return "\n".join(lines)
+
+
+def offered_tools(specs: tuple[ToolSpec, ...]) -> tuple[OfferedTool, ...]:
+    """The tools ``describe_tools`` lists, as the structured list a turn carries (PreparedRound.tools)."""
+    return tuple(
+        OfferedTool(
+            name=spec.name,
+            description=spec.description,
+            parameters=dict(spec.parameters) if isinstance(spec.parameters, dict) else {},
+        )
+        for spec in specs
+    )

