@@ -148,7 +148,7 @@ class WorkerIO:
             except queue.Empty:
                 self.cancelled.set()
                 raise ProviderTurnCancelled(f"no result for {call_id} within {self._wait_bound_s}s") from None
-            if item is None or self.cancelled.is_set():
+            if item is None:  # the cancel's mark: a result put before it is still read first (FIFO)
                 raise ProviderTurnCancelled(call_id)
             got_id, result = item
             if got_id == call_id:

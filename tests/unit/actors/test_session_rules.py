@@ -6,6 +6,8 @@ then the interrupt" are facts of the provider, not of the host's trace.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,15 @@ def host(
     return node, app
 
 
+def provider_results(provider: ScriptedProvider, n: int) -> list[tuple[str, ToolResult]]:
+    """The provider's results once it holds ``n`` (bounded by WAIT; a lost response fails here)."""
+    ready = threading.Event()
+    deadline = time.monotonic() + WAIT
+    while len(provider.results) < n and time.monotonic() < deadline:
+        ready.wait(0.01)
+    return list(provider.results)
+
+
 def run(node: Node) -> Any:
     return run_session_future(node, "n1/router", request_of(), "n1/host", timeout=WAIT).result(WAIT + 1)
 
@@ -49,7 +60,8 @@ def test_rs24_stop_sends_the_response_then_accounts_the_turn_as_interrupted(
     provider.add([tool("c1"), {"hang": True}])  # after the response the turn runs on until interrupted
     app.tool = lambda call: SessionToolOutcome(text="x", ok=True, stop=True)
     assert run(node) is None
-    assert provider.results == [("c1", ToolResult(success=True, output="x"))]  # the response reached it
+    # the response reached the provider: its turn thread reads it, before the interrupt, on its own time
+    assert provider_results(provider, 1) == [("c1", ToolResult(success=True, output="x"))]
     (receipt,) = app.events(SessionEvent.ProviderReceipt)
     assert receipt.receipt.status == "interrupted"  # ...and then the interrupt ended its turn
     names = app.names()
