@@ -71,6 +71,7 @@ CONNECT_WAIT: Final = 5.0  # seconds to reach a --connect endpoint and its Route
 # An in-process Router answers once its actor has started (ledger recovery, on a loaded machine slowly):
 # wait for that answer, but end at once if the actor stopped instead, and give up only after this long.
 STARTUP_WAIT: Final = 120.0
+STOP_SEEN_WAIT: Final = 5.0  # how long a Router that refused as stopped may take to be marked stopped
 QUIT_WINDOW: Final = 2.0  # seconds: a second Ctrl-C within this of the first quits
 TURN_MARGIN: Final = 30.0  # seconds a turn may take beyond its model requests' --timeout each (tools)
 CANCEL_GRACE: Final = 30.0  # seconds a turn interrupted at its limit has to end (a tool finishing, IT-02)
@@ -663,13 +664,27 @@ class Agent:
         actor stopped instead of starting."""
         import concurrent.futures
 
+        from transport.errors import NotDelivered
+
+        ref = self.node.lookup(self.router.rpartition("/")[2])  # None: it has stopped already
         future = client.resolve_model_future(model, timeout=STARTUP_WAIT)
-        ref = self.node.lookup(self.router.rpartition("/")[2])
+
+        def stopped() -> bool:
+            return ref is not None and not getattr(ref, "is_alive", lambda: True)()
+
+        gone = False
         while not future.done():
             concurrent.futures.wait([future], timeout=0.25)
-            if not future.done() and ref is not None and not getattr(ref, "is_alive", lambda: True)():
+            if not future.done() and stopped():
                 future.cancel()
-                raise CliError(f"the Router {self.router} did not start (it stopped; -v shows why)", 1)
+                gone = True
+                break
+        if not gone and isinstance(future.exception(), NotDelivered):
+            # refused on its way out: the node forgets the actor a moment before pykka marks it stopped
+            gone = ref is None or ref.actor_stopped.wait(STOP_SEEN_WAIT)
+        if gone:
+            # stopped instead of starting: seen by the poll, or by the request it refused on the way out
+            raise CliError(f"the Router {self.router} did not start (it stopped; -v shows why)", 1)
         return future.result()
 
     def stop(self, *, close: bool = True) -> None:
