@@ -148,19 +148,30 @@ def _ping_setup(args: argparse.Namespace) -> tuple[Any, str | None]:
     return security, server_key
 
 
-def cmd_ping(args: argparse.Namespace) -> int:
-    from transport import BusError, Node, Peer
-    from transport.messages import Ping, Pong
+def _client_node(args: argparse.Namespace, command: str) -> tuple[Any, str | None] | int:
+    """The started client node of ``kbus ping`` / ``kbus stats`` and the server's key; an exit code (2, one
+    line said) when the security options are wrong."""
+    from transport import Node
 
     try:
         security, server_key = _ping_setup(args)
     except ValueError as exc:
-        print(f"kbus ping: {exc}", file=sys.stderr)
+        print(f"kbus {command}: {exc}", file=sys.stderr)
         return 2
     # A CURVE server lets a key speak only as the node name its allowlist gives it; `kbus keys NAME`
     # writes NAME.key_secret, so the key file's name is the natural default.
-    name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"ping-{os.getpid()}")
-    client = Node(name, security=security).start()
+    name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"{command}-{os.getpid()}")
+    return Node(name, security=security).start(), server_key
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    from transport import BusError, Peer
+    from transport.messages import Ping, Pong
+
+    started = _client_node(args, "ping")
+    if isinstance(started, int):
+        return started
+    client, server_key = started
     address = f"{args.node}/{args.actor}"
     client.connect(Peer(args.node, args.endpoint, server_key))
     times: list[float] = []
@@ -192,16 +203,13 @@ def cmd_ping(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ stats
 def cmd_stats(args: argparse.Namespace) -> int:
     """One ``sys.stats`` request to ``NODE/node``: the node's counters, then one line per actor."""
-    from transport import BusError, Node, Peer
+    from transport import BusError, Peer
     from transport.messages import NodeStats, StatsQuery
 
-    try:
-        security, server_key = _ping_setup(args)
-    except ValueError as exc:
-        print(f"kbus stats: {exc}", file=sys.stderr)
-        return 2
-    name = args.name or (Path(args.key).name.split(".")[0] if args.key else f"stats-{os.getpid()}")
-    client = Node(name, security=security).start()
+    started = _client_node(args, "stats")
+    if isinstance(started, int):
+        return started
+    client, server_key = started
     try:
         client.connect(Peer(args.node, args.endpoint, server_key))
         report = client.request(f"{args.node}/node", StatsQuery(), timeout=args.timeout)
