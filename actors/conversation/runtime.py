@@ -509,15 +509,18 @@ class ConversationRuntime:
     def _permission_hook(
         self, hook: PermissionHook | str | None, hook_timeout: float, fail_open: bool
     ) -> SetPermissionHook:
-        address: str | None
-        if hook is None or isinstance(hook, str):
-            address = hook
-        else:
-            name = f"permission-hook.{uuid.uuid4().hex[:12]}"
-            self.node.spawn(PermissionHookActor, name, hook=hook)
-            self._owned.append((self.node, name))
-            address = f"{self.node.name}/{name}"
+        address = self._served(hook, "permission-hook", PermissionHookActor, "hook")
         return SetPermissionHook(address=address, timeout=hook_timeout, fail_open=fail_open)
+
+    def _served(self, target: Any, prefix: str, actor: type[Any], field: str) -> str | None:
+        """The address of ``target``: itself when it is an address (or None); else of an ``actor`` this facade
+        starts to serve the object (stopped with the facade)."""
+        if target is None or isinstance(target, str):
+            return target
+        name = f"{prefix}.{uuid.uuid4().hex[:12]}"
+        self.node.spawn(actor, name, **{field: target})
+        self._owned.append((self.node, name))
+        return f"{self.node.name}/{name}"
 
     def set_sdk_hook_forwarder(
         self,
@@ -544,14 +547,7 @@ class ConversationRuntime:
     def _hook_forwarder(
         self, forwarder: SdkHookForwarder | str | None, callback_timeout: float
     ) -> SetSdkHookForwarder:
-        address: str | None
-        if forwarder is None or isinstance(forwarder, str):
-            address = forwarder
-        else:
-            name = f"hook-forwarder.{uuid.uuid4().hex[:12]}"
-            self.node.spawn(HookForwarderActor, name, forwarder=forwarder)
-            self._owned.append((self.node, name))
-            address = f"{self.node.name}/{name}"
+        address = self._served(forwarder, "hook-forwarder", HookForwarderActor, "forwarder")
         return SetSdkHookForwarder(address=address, timeout=callback_timeout)
 
     def hook_stats(self, *, timeout: float | None = None) -> HookStats:
