@@ -29,13 +29,13 @@ import zmq
 import actors
 import config
 import transport
+from actors.app.echo import EchoActor
+from actors.app.wiring import registry
 from actors.base import BusActor, Context
-from actors.echo import EchoActor
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.base import ProviderOutcome, TurnIO, TurnRequest
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import HostActor
+from actors.runs.session import HostActor
 from transport import KeyPair, Node, Security
 from transport.messages import Echo
 
@@ -71,7 +71,7 @@ class BenchHost:
     completes. Measures the session loop's own cost per round (scripts/bench --only session)."""
 
     def __init__(self) -> None:
-        from actors.inference import PreparedRound
+        from actors.inference.handle import PreparedRound
 
         self._prepared = PreparedRound(
             input="events=1 delay=0",
@@ -84,7 +84,7 @@ class BenchHost:
         )
 
     def prepare_round(self, round: int) -> Any:
-        from actors.session import RoundPreparation
+        from actors.runs.session import RoundPreparation
 
         return RoundPreparation.Run(prepared=self._prepared)
 
@@ -101,7 +101,7 @@ class BenchHost:
         raise RuntimeError("the bench host captures nothing")
 
     def complete_round(self, completion: Any) -> Any:
-        from actors.session import SessionControl
+        from actors.runs.session import SessionControl
 
         return SessionControl.Continue()
 

@@ -223,7 +223,7 @@ def kbus_node() -> Iterator[Callable[..., KbusNode]]:
         script: Path | None = None,
     ) -> KbusNode:
         """``args`` follow ``--config FILE``; ``script``: a test peer wrapping ``kbus node`` runs instead."""
-        command = [str(script)] if script is not None else ["-m", "actors.cli", "node"]
+        command = [str(script)] if script is not None else ["-m", "actors.app.cli", "node"]
         proc = subprocess.Popen(
             [sys.executable, "-P", *command, "--config", str(config), *args],
             stdout=subprocess.PIPE,

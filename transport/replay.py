@@ -45,7 +45,7 @@ IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
 MAILBOX = b"mailbox"
 # The key of a monotonic clock reading (``recorded_clock(node, actor, MONOTONIC, time.monotonic)``). Such a
 # reading only times an actor's own waits (liveness, how long it keeps something in memory) and is never
-# part of a message. A live replay (actors/replay_plugin.py) reads it from the live clock: the ticks and
+# part of a message. A live replay (actors/app/replay_plugin.py) reads it from the live clock: the ticks and
 # timers that read it are live there, so how many readings there are and in which order depends on how fast
 # the replay runs, and a recorded one served to another read mixes two machines' clocks.
 MONOTONIC = b"monotonic"

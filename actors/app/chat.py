@@ -1,13 +1,13 @@
 """The main job: ``kbus run "PROMPT"`` (one turn) and ``kbus chat`` (a REPL): an agent answering on the bus.
 
 Both build one conversation (``actors.conversation.ConversationRuntime``) with the built-in tools
-(``actors.builtin_tools``: calculator, read_file, list_dir confined to ``--workdir``) plus any ``--tools
+(``actors.app.builtin_tools``: calculator, read_file, list_dir confined to ``--workdir``) plus any ``--tools
 module:function``, stream the answer as the model generates it, show each tool call and its result, and end
 each turn with its usage and the ids of the Router's usage receipts.
 
 Where the model runs:
 
-- in-process (the default): a node in this process with the Router (``actors.nodes.build_node``) and the
+- in-process (the default): a node in this process with the Router (``actors.app.wiring.build_node``) and the
   conversation. The catalog is the Router's built-in one (``DEFAULT_CATALOG``) unless ``--config FILE``
   gives ``[providers.*]`` / ``[models.*]`` tables (and optionally ``[node]``); receipts go to ``--data-dir``.
 - ``--connect ENDPOINT --node NAME``: a running ``kbus node`` with the Router; this process runs the
@@ -59,8 +59,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from actors import people_cli
-from actors.builtin_tools import builtin_tools, register_workspace_tools
+from actors.app import people_cli
+from actors.app.builtin_tools import builtin_tools, register_workspace_tools
 
 DEMO_PROMPT: Final = (
     'What is 1234 * 5678? Call call_ktool with {"name": "calculate", "arguments": {"expression": '
@@ -595,7 +595,7 @@ class Agent:
         )
 
     def _in_process(self) -> None:
-        from actors.nodes import build_node
+        from actors.app.wiring import build_node
         from config import ConfigError
 
         try:
@@ -608,7 +608,7 @@ class Agent:
         self.frame_bytes = settings.node.max_frame_bytes
 
     def _connect(self) -> None:
-        from actors.nodes import registry
+        from actors.app.wiring import registry
         from transport import BusError, Node, Peer
         from transport.envelope import is_node_name
 

@@ -34,7 +34,7 @@ def check_install() -> None:
 
 # ------------------------------------------------------------------------------------------------- node
 def cmd_node(args: argparse.Namespace) -> int:
-    from actors.nodes import build_node
+    from actors.app.wiring import build_node
     from config import ConfigError, load
 
     try:
@@ -315,9 +315,9 @@ _REPLAY_CLASSES = {
     "router.start_turn": "actors.router.actor:RouterActor",
     "router.resolve_model": "actors.router.actor:RouterActor",
     "router.count_tokens": "actors.router.actor:RouterActor",
-    "rs.run": "actors.session:SessionLoopActor",
-    "sa.run": "actors.subagent:SubagentRunActor",
-    "echo": "actors.echo:EchoActor",
+    "rs.run": "actors.runs.session:SessionLoopActor",
+    "sa.run": "actors.runs.subagent:SubagentRunActor",
+    "echo": "actors.app.echo:EchoActor",
 }
 
 
@@ -347,7 +347,7 @@ def _replay_class(spec: str | None, log: Any, actor: str) -> Any:
 
 
 def cmd_log_replay(args: argparse.Namespace) -> int:
-    from actors.nodes import registry
+    from actors.app.wiring import registry
     from transport.capture import CaptureError, read_log
     from transport.replay import Replay, ReplayDivergence
 
@@ -379,7 +379,7 @@ def cmd_log_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_log_diff(args: argparse.Namespace) -> int:
-    from actors.nodes import registry
+    from actors.app.wiring import registry
     from transport.capture import CaptureError, read_log
     from transport.replay import first_divergence
 
@@ -513,7 +513,7 @@ def parser() -> argparse.ArgumentParser:
     diff_p.add_argument("b")
     p.set_defaults(func=cmd_log)
 
-    from actors.agent_cli import add_parsers
+    from actors.app.chat import add_parsers
 
     add_parsers(sub)  # run, chat: the main job
     _verbose_everywhere(sub)
@@ -533,7 +533,7 @@ def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def main(argv: Sequence[str] | None = None) -> int:
     check_install()
-    from actors.agent_cli import options_after_command
+    from actors.app.chat import options_after_command
 
     ap = parser()
     commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -153,7 +153,7 @@ class KbusReplay:
         return not self.folder.exists()  # once: a cassette folder is replayed, whichever nodes it has
 
     def node(self, name: str, **options: Any) -> Node:
-        from actors.nodes import registry as default_registry
+        from actors.app.wiring import registry as default_registry
 
         registry = options.pop("registry", None) or default_registry()
         cassette = self.folder / f"{name}.buslog"

@@ -6,16 +6,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from actors.app.echo import EchoActor
 from actors.codex.messages import CODEX_ERRORS, CODEX_MESSAGES
 from actors.conversation import CONVERSATION_ERRORS, CONVERSATION_MESSAGES
-from actors.echo import EchoActor
 from actors.effects import EFFECT_ERRORS
-from actors.inference import INFERENCE_ERRORS, INFERENCE_MESSAGES
+from actors.inference.handle import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, UnknownModel
 from actors.router.messages import ROUTER_ERRORS, ROUTER_MESSAGES
-from actors.session import SESSION_ERRORS, SESSION_MESSAGES
-from actors.subagent import SUBAGENT_ERRORS, SUBAGENT_MESSAGES
+from actors.runs.session import SESSION_ERRORS, SESSION_MESSAGES
+from actors.runs.subagent import SUBAGENT_ERRORS, SUBAGENT_MESSAGES
 from actors.types import AGENT_TYPES
 from config import ConfigError, Settings
 from transport.capture import CaptureWriter

@@ -75,7 +75,7 @@ def _private_node() -> Node:
     """No lock (MB-01): two threads opening the very first adapter at once may each start a node; the
     first one appended is used from then on, and any other stays idle until exit."""
     if not _private or not _private[0].running:
-        from actors.nodes import registry
+        from actors.app.wiring import registry
 
         node = Node(f"codex-{os.getpid()}-{next(_names)}", registry=registry()).start()
         atexit.register(node.stop)

@@ -2,7 +2,7 @@
 
 A conversation is one ``ConversationActor`` (the session-loop actor that owns the transcript), a
 ``ToolHostActor`` that runs its tools, and optionally a ``SinkActor`` that hands its events to a local
-``EventSink``. Each turn runs the kernel: one ``run_session`` over the Router (actors/session.py), in which
+``EventSink``. Each turn runs the kernel: one ``run_session`` over the Router (``runs/session.py``), in which
 the model sees the tools through the single ``call_ktool`` bridge.
 
 Build one (all options but ``node`` and ``llm`` are optional)::
@@ -205,7 +205,7 @@ __all__ = [
     "read_journal",
 ]
 
-# The wire table actors/nodes.py adds to the registry.
+# The wire table actors/app/wiring.py adds to the registry.
 from typing import Any
 
 from actors.conversation.gatekeeper import GATEKEEPER_MESSAGES as _GATEKEEPER

@@ -103,7 +103,7 @@ from actors.conversation.types import (
 )
 from actors.conversation.wakeups import WakeupsMixin
 from actors.router.messages import ResolveModel, TurnTextDelta
-from actors.session import (
+from actors.runs.session import (
     HostCompleteCapture,
     HostCompleteRound,
     HostExecuteTool,

@@ -1,4 +1,4 @@
-"""One kernel run of a conversation: a ``run_session`` (actors/session.py) whose ``SessionHost`` is the
+"""One kernel run of a conversation: a ``run_session`` (actors/runs/session.py) whose ``SessionHost`` is the
 conversation actor itself (``KernelHost``).
 
 ``prepare_round`` renders the transcript into the round's input and lists the tool host's tools in
@@ -42,9 +42,9 @@ from actors.conversation.types import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from actors.inference import PreparedRound
+from actors.inference.handle import PreparedRound
 from actors.router.messages import TurnTextDelta
-from actors.session import (
+from actors.runs.session import (
     CALL_TIMEOUT,
     CancelSession,
     HostCompleteCapture,

@@ -63,7 +63,7 @@ from actors.conversation.types import (
     RuntimeOutcome,
     Wakeup,
 )
-from actors.session import CancelSession
+from actors.runs.session import CancelSession
 from transport.replay import replaying
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""Host-independent primary inference (seed 000; RULES.md RT-*, SI-*, MB-02, MB-10): ``InferenceRuntime``
-starts one native provider turn per ``start_session_inference`` and hands back a ``SessionInference``.
+"""The inference handle (seed 000; RULES.md RT-*, SI-*, MB-02, MB-10): one native provider turn, single use.
 
-Each ``SessionInference`` is the facade of one ``InferenceHandleActor``: the actor's state *is* the handle's
+Its values and messages, and ``InferenceHandleActor``. Each ``SessionInference`` (``facade.py``) fronts one
+handle actor: the actor's state *is* the handle's
 single use (Starting → Active → Terminal), and its mailbox serialises every operation on it, so concurrent
 callers need no lock (MB-02). The actor never blocks: every Router call is a request with a continuation,
 and a caller's request that must wait for the Router is answered later through its stored ``Context``.
@@ -12,12 +12,9 @@ through ``next_event``, ``respond``, ``finish_unavailable`` or ``close`` (SI-04)
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import logging
 import uuid
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Final
 
@@ -26,7 +23,6 @@ from actors.router.messages import (
     CancelOperation,
     InvalidCallId,
     NextTurnEvent,
-    ResolveModel,
     RespondCall,
     RouterError,
     StartTurn,
@@ -56,10 +52,10 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.codec import JsonValue
-from transport.errors import TRANSPORT_ERRORS, BusError, Expired, NotDelivered, ProtocolError, Unavailable
+from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
 from transport.node import Node
-from transport.pending import Reply, chained, forbid_blocking
+from transport.pending import Reply
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +73,10 @@ __all__ = [
     "HandleTerminated",
     "InferenceError",
     "InferenceHandleActor",
-    "InferenceRuntime",
     "InferenceTimeout",
     "InvalidCallId",
     "PreparedRound",
     "ProviderEndedError",
-    "SessionInference",
     "SessionInferenceEvent",
     "SessionInferenceRequest",
     "parse_call_ktool",
@@ -621,257 +615,3 @@ class InferenceHandleActor(BusActor):
             log.info("%s: cancelling the turn on close failed: %r", self.address, reply.error)
         ctx.reply(Ok())
         self.stop()
-
-
-# ------------------------------------------------------------------------------------------ facades
-
-
-def _typed(error: BaseException, address: str) -> BaseException:
-    """MB-10: a handle that is gone is ``Unavailable`` (ActorUnavailable), whichever way it showed."""
-    if isinstance(error, NotDelivered):
-        gone = Unavailable(f"inference handle {address} is gone: {error.message}")
-        gone.__cause__ = error
-        return gone
-    return error
-
-
-def _event_or_none(reply: Any) -> Event | None:
-    return None if isinstance(reply, Ok) else reply
-
-
-def _none(reply: Any) -> None:
-    return None
-
-
-def _same(reply: Any) -> Any:
-    return reply
-
-
-class SessionInference:
-    """One primary provider turn (seed ``SessionInference``), usable from any thread in any process.
-
-    ``operation_id`` is the provider child operation (RT-12); with it the Router can account for the turn
-    even if this handle's actor is gone (MB-10). ``close()`` (or leaving a ``with`` block) is the drop.
-    """
-
-    def __init__(
-        self,
-        node: Node,
-        address: str,
-        operation_id: uuid.UUID,
-        model: ResolvedAgentModel | None = None,
-        *,
-        timeout: float = 30.0,
-    ) -> None:
-        self.node = node
-        self.address = address
-        self.operation_id = operation_id
-        self.model = model
-        self.timeout = timeout
-        self._closed = False
-
-    def _t(self, timeout: float | None) -> float:
-        return self.timeout if timeout is None else timeout
-
-    def _call(self, message: Any, timeout: float | None) -> Any:
-        forbid_blocking("SessionInference")
-        try:
-            return self.node.request(self.address, message, timeout=self._t(timeout))
-        except NotDelivered as exc:
-            raise _typed(exc, self.address) from exc.__cause__
-
-    def _future(
-        self, message: Any, timeout: float | None, convert: Callable[[Any], Any]
-    ) -> concurrent.futures.Future[Any]:
-        inner = self.node.request_future(self.address, message, timeout=self._t(timeout))
-        return chained(inner, convert, lambda error: _typed(error, self.address))
-
-    def next_event(self, *, timeout: float | None = None) -> Event | None:
-        return _event_or_none(self._call(NextEvent(), timeout))
-
-    def next_event_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
-        return self._future(NextEvent(), timeout, _event_or_none)
-
-    def respond(self, call_id: str, result: ToolResult, *, timeout: float | None = None) -> None:
-        self._call(Respond(call_id=call_id, result=result), timeout)
-
-    def respond_future(
-        self, call_id: str, result: ToolResult, *, timeout: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        return self._future(Respond(call_id=call_id, result=result), timeout, _none)
-
-    def finish_unavailable(self, *, timeout: float | None = None) -> UsageReceipt:
-        return self._call(FinishUnavailable(), timeout)  # type: ignore[no-any-return]
-
-    def finish_unavailable_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
-        return self._future(FinishUnavailable(), timeout, _same)
-
-    def close(self, *, timeout: float | None = None) -> None:
-        """Cancel an active turn at the Router and release the handle; no receipt, no event (SI-17)."""
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(Unavailable):  # the handle is gone already: nothing left to release
-            self._call(Close(), timeout)
-
-    def close_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
-        self._closed = True
-        return self._future(Close(), timeout, _none)
-
-    def __enter__(self) -> SessionInference:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # Dropping is not evidence the provider had no effect: no accounting here, only a warning.
-        if not getattr(self, "_closed", True):
-            warnings.warn(
-                f"SessionInference {getattr(self, 'operation_id', '?')} was not closed",
-                ResourceWarning,
-                stacklevel=1,
-            )
-
-
-def _resolve_error(requested: str, error: BusError) -> BusError:
-    """RT-03: a Router error becomes an InferenceError caused by it; transport outcomes stay as they are."""
-    if type(error) in TRANSPORT_ERRORS:
-        return error
-    wrapped = InferenceError(f"resolving model {requested[:80]!r} failed: {error.message}")
-    wrapped.__cause__ = error
-    return wrapped
-
-
-class InferenceRuntime:
-    """The seed's router-backed ``AgentRuntime``: cheap to clone; clones share one Router (RT-02).
-
-    ``router_address`` is the Router actor (any node); handle actors are spawned on ``handles_on``
-    (default: ``node``), which must be able to reach the Router.
-    """
-
-    def __init__(
-        self,
-        node: Node,
-        router_address: str,
-        *,
-        handles_on: Node | None = None,
-        timeout: float = 30.0,
-    ) -> None:
-        self.node = node
-        self.router_address = router_address
-        self.handles_on = handles_on or node
-        self.timeout = timeout
-
-    def _t(self, timeout: float | None) -> float:
-        return self.timeout if timeout is None else timeout
-
-    def clone(self) -> InferenceRuntime:
-        return InferenceRuntime(
-            self.node, self.router_address, handles_on=self.handles_on, timeout=self.timeout
-        )
-
-    def resolve_model(self, requested: str, *, timeout: float | None = None) -> ResolvedAgentModel:
-        try:
-            return self.node.request(  # type: ignore[no-any-return]
-                self.router_address, ResolveModel(requested=requested), timeout=self._t(timeout)
-            )
-        except BusError as exc:
-            error = _resolve_error(requested, exc)
-            if error is exc:
-                raise
-            raise error  # noqa: B904 - its __cause__ is the Router's error already (RT-03)
-
-    def resolve_model_future(
-        self, requested: str, *, timeout: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        inner = self.node.request_future(
-            self.router_address, ResolveModel(requested=requested), timeout=self._t(timeout)
-        )
-        return chained(inner, error=lambda e: _resolve_error(requested, e) if isinstance(e, BusError) else e)
-
-    def start_session_inference(
-        self, request: SessionInferenceRequest, *, timeout: float | None = None
-    ) -> SessionInference:
-        forbid_blocking("InferenceRuntime.start_session_inference")
-        future = self.start_session_inference_future(request, timeout=timeout)
-        return future.result(self._t(timeout) + 1.0)  # type: ignore[no-any-return]
-
-    def start_session_inference_future(
-        self, request: SessionInferenceRequest, *, timeout: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        """SI-01: one handle actor, one StartTurn; resolves once the Router answered it."""
-        node = self.handles_on
-        t = self._t(timeout)
-        name = f"inference.{uuid.uuid4().hex}"
-        ref = node.spawn(
-            InferenceHandleActor, name, router=self.router_address, request=request, start_timeout=t
-        )
-        address = f"{node.name}/{name}"
-        inner = node.request_future(address, AwaitStarted(), timeout=t)
-        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        handle_timeout = self.timeout
-
-        def done(fut: concurrent.futures.Future[Any]) -> None:
-            error = fut.exception()
-            if error is not None:
-                ref.stop(block=False)
-                outer.set_exception(_typed(error, address))
-                return
-            started: InferenceStarted = fut.result()
-            outer.set_result(
-                SessionInference(node, address, started.operation_id, started.model, timeout=handle_timeout)
-            )
-
-        inner.add_done_callback(done)
-        return outer
-
-    def run_session_future(
-        self, request: Any, host: str, *, timeout: float | None = None, loop_at: str | None = None
-    ) -> concurrent.futures.Future[Any]:
-        """The primary-session loop (actors/session.py) against the host actor at ``host``; the loop runs
-        on this node, or in the process of the ``SessionLoopService`` at ``loop_at``. Cancelling the future
-        ends the run at its next step boundary (the open turn accounted for, its receipt recorded once)."""
-        from actors.session import run_session_future
-
-        return run_session_future(
-            self.node, self.router_address, request, host, timeout=timeout, loop_at=loop_at
-        )
-
-    def run_session(
-        self, request: Any, host: str, *, timeout: float | None = None, loop_at: str | None = None
-    ) -> str | None:
-        from actors.session import run_session
-
-        return run_session(self.node, self.router_address, request, host, timeout=timeout, loop_at=loop_at)
-
-    def run_future(
-        self,
-        request: Any,
-        host: str,
-        *,
-        timeout: float | None = None,
-        protocol_reserve_tokens: int | None = None,
-    ) -> concurrent.futures.Future[Any]:
-        """The single-turn subagent run (actors/subagent.py) against the ``Host`` actor at ``host``."""
-        from actors.subagent import PROTOCOL_RESERVE_TOKENS, run_future
-
-        reserve = PROTOCOL_RESERVE_TOKENS if protocol_reserve_tokens is None else protocol_reserve_tokens
-        return run_future(
-            self.node, self.router_address, request, host, timeout=timeout, protocol_reserve_tokens=reserve
-        )
-
-    def run(
-        self,
-        request: Any,
-        host: str,
-        *,
-        timeout: float | None = None,
-        protocol_reserve_tokens: int | None = None,
-    ) -> Any:
-        from actors.subagent import PROTOCOL_RESERVE_TOKENS, run
-
-        reserve = PROTOCOL_RESERVE_TOKENS if protocol_reserve_tokens is None else protocol_reserve_tokens
-        return run(
-            self.node, self.router_address, request, host, timeout=timeout, protocol_reserve_tokens=reserve
-        )

@@ -53,7 +53,6 @@ from typing import Any
 
 from actors.base import DEFER, BusActor, Context
 from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
-from actors.router.ledger import Intent, ReceiptLedger
 from actors.router.messages import (
     TERMINAL_EVENTS,
     CancelOperation,
@@ -105,6 +104,7 @@ from actors.router.providers.base import (
     UsageUpdate,
     estimate_tokens,
 )
+from actors.router.receipts import Intent, ReceiptLedger
 from actors.router.turns import (
     FINISHED_GRACE_S,
     OWNER_GONE,
@@ -386,7 +386,7 @@ class RouterActor(BusActor):
             ) from exc
         op = self._new_op()
         tape = getattr(self.node, "provider_tape", None)
-        if tape is not None:  # a live replay (actors/replay_plugin.py): the recorded provider events instead
+        if tape is not None:  # a live replay (app/replay_plugin.py): the recorded provider events instead
             provider = tape.provider(self.address)
         started_ms = self._clock_ms()
         receipt_id = f"rcpt-{recorded_uuid(self.node, self.address)}"

@@ -1,7 +1,7 @@
 """The subagent's provider input, as plain values (seed 000 "Single-turn subagent loop"; RULES.md
 SA-03..SA-18, C.4): the projection ``P = context ‖ task ‖ history ‖ state``, replaceable state with its
 displayed-result markers, and ``ContextBudget``, the immutable snapshot a host sees. No threads, no bus:
-the run actor (actors/subagent.py) owns one ``Projection`` and re-renders it before every provider request.
+the run actor (``subagent.py``) owns one ``Projection`` and re-renders it before every provider request.
 
 Token estimates are sums over the projection's *pieces* (the context-and-task block, each call, each result,
 each state value, the section frames), each counted once by the Router with the model's own tokenizer, or

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
 from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
-from actors.inference import (
+from actors.inference.handle import (
     DEFAULT_ROUND_LIMIT,
     AwaitStarted,
     FinishUnavailable,

@@ -1,6 +1,6 @@
 """The single-turn subagent run (seed 000 "Single-turn subagent loop"; RULES.md SA-*, EV-01..EV-06, C.4).
 
-``run`` resolves one exact model, renders the projection (actors/projection.py) and starts exactly one fresh,
+``run`` resolves one exact model, renders the projection (``projection.py``) and starts exactly one fresh,
 ephemeral provider turn. Inside that turn the tools run one at a time through the application's ``Host``;
 before every provider request the whole projection is rendered again (history with its markers, the latest
 state) and submitted to the Router (``SubmitInput``), which is what lets a displayed result be replaced in
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
 from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
-from actors.inference import (
+from actors.inference.handle import (
     AwaitStarted,
     FinishUnavailable,
     InferenceError,
@@ -36,7 +36,8 @@ from actors.inference import (
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
-from actors.projection import (
+from actors.router.messages import CountTokens, ResolveModel, SubmitInput, TokenCount
+from actors.runs.projection import (
     HISTORY_CLOSE,
     HISTORY_OPEN,
     INVALID_CALL,
@@ -52,7 +53,6 @@ from actors.projection import (
     rejection_text,
     truncated,
 )
-from actors.router.messages import CountTokens, ResolveModel, SubmitInput, TokenCount
 from actors.types import (
     AgentProvider,
     ResolvedAgentModel,

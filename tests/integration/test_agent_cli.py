@@ -24,7 +24,7 @@ import pytest
 from conftest import KbusNode
 from peers.cli_kit import Pty, Start, finish
 
-from actors.agent_cli import DEMO_PROMPT
+from actors.app.chat import DEMO_PROMPT
 
 pytestmark = pytest.mark.integration
 

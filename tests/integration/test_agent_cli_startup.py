@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from peers.cli_kit import Start, finish
 
-from actors.agent_cli import CONNECT_WAIT
-from actors.router.ledger import ReceiptLedger
+from actors.app.chat import CONNECT_WAIT
+from actors.router.receipts import ReceiptLedger
 
 pytestmark = pytest.mark.integration
 

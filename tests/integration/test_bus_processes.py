@@ -21,8 +21,8 @@ import zmq
 from conftest import PeerProcess
 from peers.bus_peer import RecorderActor, StatsActor
 
+from actors.app.echo import EchoActor
 from actors.base import BusActor
-from actors.echo import EchoActor
 from transport import (
     BusError,
     Expired,

@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+KBUS = [sys.executable, "-P", "-m", "actors.app.cli"]
 Run = Callable[..., tuple[int, str, str]]
 
 SCRIPT = """

@@ -17,7 +17,7 @@ from conftest import KbusNode
 
 pytestmark = pytest.mark.integration
 
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+KBUS = [sys.executable, "-P", "-m", "actors.app.cli"]
 
 
 def kbus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

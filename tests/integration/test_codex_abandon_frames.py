@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from peers.codex_support import start_model_server, weather_config
 
+from actors.app.wiring import registry
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter, Turn
 from actors.codex.messages import Abandon
 from actors.codex.types import Done, ToolCallEvent
-from actors.nodes import registry
 from transport import Node
 from transport.capture import CaptureWriter, iter_records
 

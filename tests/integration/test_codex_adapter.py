@@ -313,8 +313,8 @@ def test_adapter_in_another_process_over_ipc(
 ) -> None:
     """The adapter actor runs in a peer process (owning the child); this process uses the facade over ipc:
     a full tool turn, BUSY across processes, and the child reaped when the peer's node stops."""
+    from actors.app.wiring import registry
     from actors.codex.binary import find_codex
-    from actors.nodes import registry
     from transport import Peer
 
     server = model(TOOL_TURN)
@@ -347,7 +347,7 @@ def test_adapter_in_another_process_over_ipc(
 
 def test_stopping_the_node_reaps_the_child(model: Any, make_node: Any, tmp_path: Path) -> None:
     """AD-17: a handle is also released when its actor stops; node.stop() ends and reaps the child."""
-    from actors.nodes import registry
+    from actors.app.wiring import registry
 
     server = model([{"text": ["x"]}])
     node = make_node("owner", registry=registry())

@@ -12,10 +12,10 @@ import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
 import actors.codex.actor as codex_actor
+from actors.app.wiring import registry
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
-from actors.nodes import registry
 from transport.errors import Expired
 
 pytestmark = pytest.mark.integration

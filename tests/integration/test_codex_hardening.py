@@ -25,12 +25,12 @@ import pytest
 from peers.codex_support import PEERS, codex_children, start_model_server, weather_config
 from peers.turn_io import RecordingTurnIO
 
+from actors.app.wiring import registry
 from actors.codex import homes
 from actors.codex.adapter import Adapter
 from actors.codex.binary import find_codex
 from actors.codex.messages import Release
 from actors.codex.types import AdapterError, DynamicTool, ErrorKind, validate_config
-from actors.nodes import registry
 from actors.router.actor import CALL_KTOOL_PARAMETERS
 from actors.router.providers.base import ChatMessage, ToolSpec, TurnRequest
 from actors.router.providers.codex import CodexProvider

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from peers.conversation_kit import CaptureSink
 
+from actors.app.wiring import registry
 from actors.conversation import (
     ConversationRuntime,
     FinishReason,
@@ -18,7 +19,6 @@ from actors.conversation import (
     TurnFinished,
     read_journal,
 )
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog
 from transport import Node

@@ -16,12 +16,12 @@ from conftest import PEERS, PeerProcess
 from peers.conversation_kit import Gates
 from peers.loop_kit import gone, read_pid
 
+from actors.app.wiring import registry
 from actors.conversation import ConversationRuntime, ToolRegistry, read_journal
 from actors.conversation.jobs import BackgroundJobManager
 from actors.conversation.loops import AUTO_PROMPT
 from actors.conversation.runtime import WakeupSlot
 from actors.conversation.types import JobFinished, JobStarted
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
 from transport import Node, Peer

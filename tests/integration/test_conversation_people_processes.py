@@ -14,8 +14,8 @@ import pytest
 from conftest import PEERS, PeerProcess
 from peers.conversation_kit import Env, call, text
 
+from actors.app.wiring import registry
 from actors.conversation import ConversationRuntime, FinishReason
-from actors.nodes import registry
 from transport import Node, Peer
 
 pytestmark = pytest.mark.integration

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import PEERS, PeerProcess
 
+from actors.app.wiring import registry
 from actors.conversation import (
     CancellationToken,
     ConversationRuntime,
@@ -19,7 +20,6 @@ from actors.conversation import (
     Message,
     read_journal,
 )
-from actors.nodes import registry
 from transport import Node, Peer
 
 pytestmark = pytest.mark.integration

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from conftest import PEERS, PeerProcess
 
+from actors.app.wiring import registry
 from actors.conversation import ToolExecution
 from actors.conversation.messages import ExecuteTool
 from actors.effects import idempotency_key
-from actors.nodes import registry
-from actors.projection import ContextBudget, ToolOutcome
-from actors.session import HostExecuteTool, SessionToolOutcome
-from actors.subagent import HostExecuteTool as SubagentExecuteTool
+from actors.runs.projection import ContextBudget, ToolOutcome
+from actors.runs.session import HostExecuteTool, SessionToolOutcome
+from actors.runs.subagent import HostExecuteTool as SubagentExecuteTool
 from actors.types import ToolCall
 from transport import Node, Peer
 from transport.errors import Unavailable

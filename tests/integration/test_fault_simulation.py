@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from peers import faultsim
 
+from actors.app.wiring import registry
 from actors.conversation import ConversationRuntime
-from actors.nodes import registry
 from transport.errors import BusError
 from transport.node import Node, Peer
 

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+KBUS = [sys.executable, "-P", "-m", "actors.app.cli"]
 
 
 @pytest.fixture

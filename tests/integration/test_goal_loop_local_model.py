@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from peers.conversation_kit import CaptureSink
 
+from actors.app.wiring import registry
 from actors.conversation import ConversationRuntime, ToolRegistry, read_journal
 from actors.conversation.types import GoalAchieved, GoalCleared, GoalContinuing, GoalSet
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog
 from actors.router.client import RouterClient

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from conftest import KbusNode
 
-from actors.inference import (
+from actors.app.wiring import registry
+from actors.inference.handle import (
     HandleTerminated,
-    InferenceRuntime,
     PreparedRound,
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
-from actors.nodes import registry
 from actors.router.client import RouterClient
+from actors.runs.runtime import InferenceRuntime
 from actors.types import ToolCall, ToolResult
 from transport import Node, Peer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.echo import EchoActor
+from actors.app.echo import EchoActor
 from transport import Node, Peer, SecurityError
 from transport.messages import Echo
 

@@ -26,7 +26,7 @@ from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, ErrorReply, Fa
 
 pytestmark = pytest.mark.integration
 
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+KBUS = [sys.executable, "-P", "-m", "actors.app.cli"]
 REGISTRY = Registry(SYSTEM_MESSAGES)
 WAIT = 20.0
 

@@ -20,8 +20,8 @@ from conftest import KbusNode
 from peers.codex_support import PEERS, ModelServer, codex_children, function_outputs, start_model_server
 from peers.turn_io import RecordingTurnIO
 
-from actors.inference import InferenceRuntime, PreparedRound
-from actors.nodes import registry
+from actors.app.wiring import registry
+from actors.inference.handle import PreparedRound
 from actors.router.actor import CALL_KTOOL_PARAMETERS, RouterActor
 from actors.router.catalog import ModelCatalog, ModelEntry, ProviderEntry
 from actors.router.client import RouterClient
@@ -38,7 +38,8 @@ from actors.router.messages import (
 )
 from actors.router.providers.base import ChatMessage, ProviderError, TextDelta, ToolSpec, TurnRequest
 from actors.router.providers.codex import CodexProvider, instructions_of, render_input
-from actors.session import (
+from actors.runs.runtime import InferenceRuntime
+from actors.runs.session import (
     HostActor,
     ProviderResume,
     RoundCompletion,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from conftest import PEERS, KbusNode, PeerProcess
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import (

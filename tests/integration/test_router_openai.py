@@ -17,7 +17,7 @@ import pytest
 from conftest import KbusNode
 from peers.llama_server import API_KEY, LlamaServer, start_llama_server
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.client import RouterClient
 from actors.router.messages import ProviderUnavailable, StartTurn, TurnCompleted, TurnInput, TurnTextDelta
 from actors.types import AgentProvider

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import KbusNode
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnCompleted, TurnToolCall
 from actors.types import ToolResult

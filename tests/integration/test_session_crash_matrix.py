@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import PEERS, PeerProcess
 
-from actors.nodes import registry
-from actors.session import SessionRunRequest, run_session_future
+from actors.app.wiring import registry
+from actors.runs.session import SessionRunRequest, run_session_future
 from transport import Node, Peer
 from transport.errors import BusError
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from actors.inference import PreparedRound
-from actors.nodes import registry
+from actors.app.wiring import registry
+from actors.inference.handle import PreparedRound
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog
-from actors.session import (
+from actors.runs.session import (
     HostActor,
     ProviderResume,
     RoundCompletion,

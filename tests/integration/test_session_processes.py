@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import PEERS, KbusNode, PeerProcess
 
-from actors.nodes import registry
-from actors.session import SessionRunRequest, run_session, run_session_future
+from actors.app.wiring import registry
+from actors.runs.session import SessionRunRequest, run_session, run_session_future
 from transport import Node, Peer
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,7 @@ def test_host_killed_mid_tool_then_a_rerun_repeats_no_tool(
     same idempotency keys) on a new host process over the same effect store runs no tool again: the first
     tool's stored outcome is reused, the cut-off one is reported as "outcome unknown" (to the host's
     prepare_provider_resume and so to the model), and the tools' own log shows each ran exactly once."""
-    from actors.router.ledger import ReceiptLedger
+    from actors.router.receipts import ReceiptLedger
     from transport.errors import Unavailable
 
     (ipc_dir / "brain.toml").write_text(TWO_TOOLS)

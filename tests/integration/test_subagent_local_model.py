@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from llama_cpp import Llama
 
-from actors.nodes import registry
-from actors.projection import Projection, StateUpdate, ToolOutcome, manifest_hash
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog
 from actors.router.messages import CountTokens, TokenCount
 from actors.router.providers.local import default_model_path
-from actors.subagent import (
+from actors.runs.projection import Projection, StateUpdate, ToolOutcome, manifest_hash
+from actors.runs.subagent import (
     AuditEvent,
     ContextBudget,
     ContextCapacityError,

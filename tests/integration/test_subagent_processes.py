@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import PEERS, PeerProcess
 
-from actors.inference import InferenceRuntime
-from actors.nodes import registry
-from actors.projection import UPDATED_MARKER
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog, ModelEntry, ProviderEntry
 from actors.router.providers.scripted import ScriptedProvider
-from actors.subagent import RunRequest
+from actors.runs.projection import UPDATED_MARKER
+from actors.runs.runtime import InferenceRuntime
+from actors.runs.subagent import RunRequest
 from transport import Node, Peer
 
 pytestmark = pytest.mark.integration

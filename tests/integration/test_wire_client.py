@@ -102,7 +102,7 @@ def test_the_committed_wire_md_is_what_the_registry_generates(tmp_path: Path) ->
 
 
 def test_wire_md_lists_every_registered_tag_and_error() -> None:
-    from actors.nodes import registry
+    from actors.app.wiring import registry
 
     text = (ROOT / "transport" / "WIRE.md").read_text()
     reg = registry()

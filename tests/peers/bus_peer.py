@@ -24,8 +24,8 @@ import sys
 import threading
 from typing import Any
 
+from actors.app.echo import EchoActor
 from actors.base import DEFER, Context
-from actors.echo import EchoActor
 from transport import KeyPair, Node, Peer, Security
 from transport.capture import CaptureWriter
 from transport.codec import Registry

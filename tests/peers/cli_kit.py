@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
-KBUS = [sys.executable, "-P", "-m", "actors.cli"]
+KBUS = [sys.executable, "-P", "-m", "actors.app.cli"]
 
 Start = Callable[..., subprocess.Popen[str]]
 

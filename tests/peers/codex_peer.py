@@ -13,10 +13,10 @@ import signal
 import sys
 import threading
 
+from actors.app.wiring import registry
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
-from actors.nodes import registry
 from transport import Node
 from transport.capture import CaptureWriter
 

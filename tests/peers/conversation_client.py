@@ -8,8 +8,8 @@ import argparse
 import json
 import sys
 
+from actors.app.wiring import registry
 from actors.conversation import ConversationRuntime
-from actors.nodes import registry
 from transport import BusError, Node, Peer
 
 

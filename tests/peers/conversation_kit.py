@@ -169,7 +169,7 @@ class Env:
 
 def env_fixture(make_node: Callable[..., Node], tmp_path: Path) -> Iterator[Env]:
     """The body of an ``env`` fixture: one node ``n1`` with the Router and the runtimes' cleanup."""
-    from actors.nodes import registry
+    from actors.app.wiring import registry
 
     e = Env(make_node("n1", registry=registry()), tmp_path)
     yield e

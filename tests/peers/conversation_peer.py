@@ -17,8 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from actors.app.wiring import registry
 from actors.conversation import Compactor, ConversationRuntime, ToolRegistry
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
 from transport import Node

@@ -248,8 +248,8 @@ def node_main(
     role: str, base: str, plan: Plan | None, pids: dict[str, int], conn: Connection, options: Options
 ) -> None:
     """One simulated process: its node and actors, until the driver says stop (or it is killed)."""
+    from actors.app.wiring import registry
     from actors.conversation import ConversationRuntime, ToolHostActor, ToolRegistry
-    from actors.nodes import registry
     from actors.router.actor import RouterActor
     from transport.node import Node, Peer
 
@@ -333,7 +333,7 @@ def _context() -> Any:
     if _CONTEXT is None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(
-            ["peers.faultsim", "actors.nodes", "actors.conversation", "actors.router.actor"]
+            ["peers.faultsim", "actors.app.wiring", "actors.conversation", "actors.router.actor"]
         )
         _CONTEXT = ctx
     return _CONTEXT
@@ -464,9 +464,9 @@ class Report:
 
 def run_seed(seed: int | None, base: Path) -> Report:
     """One seed (None: no fault); the report's ``problems`` is empty when every invariant held."""
+    from actors.app.wiring import registry
     from actors.conversation import ConversationRuntime
     from actors.conversation.journal import read_journal
-    from actors.nodes import registry
     from transport.errors import BusError
     from transport.node import Node, Peer
 
@@ -625,8 +625,8 @@ def soak(turns: int, base: Path, *, journal: bool = True, reset_every: int = 100
     """``turns`` turns with one tool call each across the three processes (no faults): turns/s, and each
     process's RSS and fds after the first turn, in the middle and at the end. Every ``reset_every`` turns the
     transcript is truncated (a journaled command), so what grows is the runtime, not the conversation."""
+    from actors.app.wiring import registry
     from actors.conversation import ConversationRuntime
-    from actors.nodes import registry
     from transport.node import Node, Peer
 
     cluster = Cluster(base, None, Options(calls=1, journal=journal))

@@ -44,7 +44,7 @@ from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 import msgpack
 import zmq
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.messages import GetRouterStats, RouterStats
 from transport import BusError, Node, Peer
 from transport.messages import Echo, EchoStream, NodeStats, Ping, Pong, StatsQuery

@@ -21,16 +21,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from actors.app.echo import EchoActor
+from actors.app.wiring import registry
 from actors.codex.actor import LaunchOptions
 from actors.codex.adapter import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from actors.conversation import ConversationRuntime, ToolRegistry
-from actors.echo import EchoActor
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import SessionLoopService
-from actors.subagent import RunHostActor, ToolOutcome
+from actors.runs.session import SessionLoopService
+from actors.runs.subagent import RunHostActor, ToolOutcome
 from actors.types import ToolCall
 from transport import Node
 

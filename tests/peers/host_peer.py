@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from actors.inference import PreparedRound
-from actors.nodes import registry
+from actors.app.wiring import registry
+from actors.inference.handle import PreparedRound
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import (
+from actors.runs.session import (
     HostActor,
     ProviderResume,
     RoundCompletion,

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actors.app.wiring import registry
 from actors.conversation import CallbackSink, ConversationRuntime, Message, ToolRegistry
 from actors.conversation.journal import Journal
 from actors.conversation.runtime import WakeupSlot
 from actors.conversation.types import LOOP_EVENTS, GoalVerdict
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
 from transport import Node

@@ -11,7 +11,7 @@ from typing import Any
 
 from peers.conversation_kit import WAIT, Env, call, text
 
-from actors.builtin_tools import register_workspace_tools
+from actors.app.builtin_tools import register_workspace_tools
 from actors.conversation import ConversationRuntime, Message
 from actors.conversation.permissions import PermissionRequest
 from actors.conversation.types import PlanProposed
@@ -49,7 +49,7 @@ class People(Env):
 
 def people_env(make_node: Callable[..., Node], tmp_path: Path) -> Iterator[People]:
     """The body of an ``env`` fixture: a People on node ``n1`` and the runtimes' cleanup."""
-    from actors.nodes import registry
+    from actors.app.wiring import registry
 
     e = People(make_node("n1", registry=registry()), tmp_path)
     yield e

@@ -10,8 +10,8 @@ import signal
 import sys
 import threading
 
+from actors.app.wiring import registry
 from actors.conversation.permissions import PermissionDecision, PermissionHookActor, PermissionRequest
-from actors.nodes import registry
 from transport import Node
 
 

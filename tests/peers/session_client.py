@@ -8,8 +8,8 @@ import json
 import sys
 import uuid
 
-from actors.nodes import registry
-from actors.session import SessionRunRequest, run_session
+from actors.app.wiring import registry
+from actors.runs.session import SessionRunRequest, run_session
 from transport import BusError, KeyPair, Node, Peer, Security
 
 

@@ -20,10 +20,10 @@ import sys
 import threading
 from pathlib import Path
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import SessionLoopService
+from actors.runs.session import SessionLoopService
 from transport import Node, Peer
 
 

@@ -22,8 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from actors.nodes import registry
-from actors.subagent import ContextBudget, RunHostActor, StateUpdate, ToolOutcome
+from actors.app.wiring import registry
+from actors.runs.subagent import ContextBudget, RunHostActor, StateUpdate, ToolOutcome
 from actors.types import ToolCall
 from transport import Node
 

@@ -18,8 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
+from actors.app.wiring import registry
 from actors.conversation import ToolHostActor, ToolRegistry
-from actors.nodes import registry
 from transport import Node
 
 

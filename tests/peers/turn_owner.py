@@ -19,15 +19,11 @@ import threading
 import uuid
 from typing import Any
 
-from actors.inference import (
-    InferenceRuntime,
-    PreparedRound,
-    SessionInferenceEvent,
-    SessionInferenceRequest,
-)
-from actors.nodes import registry
+from actors.app.wiring import registry
+from actors.inference.handle import PreparedRound, SessionInferenceEvent, SessionInferenceRequest
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnToolCall
+from actors.runs.runtime import InferenceRuntime
 from transport import Node, Peer
 
 

@@ -1,4 +1,4 @@
-"""``kbus node`` (the real command, ``actors.cli.main``) with one test-only actor type more: ``wedge``.
+"""``kbus node`` (the real command, ``actors.app.cli.main``) with one test-only actor type more: ``wedge``.
 
 Usage: ``wedge_node.py --config FILE [kbus node options]``. A ``[actors.NAME] type = "wedge"`` table starts a
 ``WedgedActor``: told or asked anything, its handler blocks for good (an ``Event`` nobody sets), as a handler
@@ -11,7 +11,8 @@ import sys
 import threading
 from typing import Any
 
-from actors import cli, nodes
+from actors.app import cli
+from actors.app import wiring as nodes
 from actors.base import BusActor, Context
 
 

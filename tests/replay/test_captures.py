@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from peers import replay_scenarios as sc
 
+from actors.app.echo import EchoActor
+from actors.app.wiring import registry
 from actors.codex.actor import CodexAdapterActor
 from actors.conversation.jobs import JobRunnerActor
-from actors.echo import EchoActor
-from actors.inference import InferenceHandleActor
-from actors.nodes import registry
-from actors.session import SessionLoopActor
-from actors.subagent import SubagentRunActor
+from actors.inference.handle import InferenceHandleActor
+from actors.runs.session import SessionLoopActor
+from actors.runs.subagent import SubagentRunActor
 from transport.capture import CaptureLog, read_log, verify
 from transport.codec import decode_header
 from transport.replay import Replay
@@ -129,7 +129,7 @@ def test_capture_replays_with_zero_divergence(name: str, spec: str, actor_class:
 def test_a_different_host_answer_diverges_where_the_loop_acts_on_it() -> None:
     """The session loop really is compared: had the host completed at round 2 instead of running it, the
     loop would have answered its caller where the log has it recording the next round's submission."""
-    from actors.session import RoundPreparation
+    from actors.runs.session import RoundPreparation
     from transport.capture import Record
     from transport.codec import encode_header
     from transport.replay import ReplayDivergence
@@ -160,7 +160,7 @@ def test_a_different_host_answer_diverges_where_the_loop_acts_on_it() -> None:
 def test_a_different_tool_outcome_diverges_in_the_subagent_run() -> None:
     """The subagent run really is compared: had the first tool answered "MILK", the run's next message (the
     count of the candidate projection's new pieces) would carry that result, right after that answer."""
-    from actors.subagent import ToolOutcome
+    from actors.runs.subagent import ToolOutcome
     from transport.capture import Record
     from transport.replay import ReplayDivergence
 

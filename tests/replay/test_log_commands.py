@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from peers.cli_kit import Start, finish
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from transport.capture import CaptureWriter, read_log, verify
 from transport.codec import decode_header
 

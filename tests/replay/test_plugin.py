@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from transport.capture import read_log
 from transport.codec import decode_header
 

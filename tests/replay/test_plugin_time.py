@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import actors.router.actor as router_module
+from actors.app.replay_plugin import KbusReplay
+from actors.app.wiring import registry as default_registry
 from actors.conversation import ConversationRuntime, ToolRegistry
-from actors.nodes import registry as default_registry
-from actors.replay_plugin import KbusReplay
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
 from transport.capture import CaptureWriter, read_log

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.providers.base import (
     NativeToolCall,
     ProviderError,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.agent_cli import (
+from actors.app.builtin_tools import builtin_tools
+from actors.app.chat import (
     DEMO_PROMPT,
     Agent,
     CliError,
@@ -26,8 +27,7 @@ from actors.agent_cli import (
     system_prompt,
     use_colour,
 )
-from actors.builtin_tools import builtin_tools
-from actors.cli import parser
+from actors.app.cli import parser
 from actors.conversation import FinishReason, ToolRegistry
 from actors.router.catalog import ModelCatalog
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.builtin_tools import MAX_EXPRESSION_CHARS, ToolRefused, builtin_tools, calculate
+from actors.app.builtin_tools import MAX_EXPRESSION_CHARS, ToolRefused, builtin_tools, calculate
 
 
 # ------------------------------------------------------------------------------------------ calculator

@@ -17,8 +17,8 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors.app.echo import EchoActor
 from actors.base import DEFER, BusActor, Context
-from actors.echo import EchoActor
 from transport import Node, Peer
 from transport.capture import CaptureWriter
 from transport.envelope import Header

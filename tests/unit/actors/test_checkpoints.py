@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.builtin_tools import workspace_tools
+from actors.app.builtin_tools import workspace_tools
 from actors.conversation.checkpoints import CHECKPOINT_TOOLS, RESTORE_TOOL, TouchedFiles, bind_checkpoints
 from actors.conversation.shadow import CheckpointError, ShadowRepo
 from actors.conversation.tools import ToolRegistry

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from actors.app.wiring import registry
 from actors.codex import adapter as adapter_module
 from actors.codex.actor import LaunchOptions, child_argv
 from actors.codex.messages import CODEX_MESSAGES
@@ -25,7 +26,6 @@ from actors.codex.types import (
     ToolCallEvent,
     ToolResult,
 )
-from actors.nodes import registry
 
 TOOL = DynamicTool(name="t", description="d", input_schema={"type": "object"})
 

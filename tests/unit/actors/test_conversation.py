@@ -33,7 +33,7 @@ from actors.conversation import (
     TurnFinished,
     read_journal,
 )
-from actors.inference import InferenceError
+from actors.inference.handle import InferenceError
 from actors.router.catalog import UnknownModel
 from actors.router.client import RouterClient
 from transport.errors import Unavailable

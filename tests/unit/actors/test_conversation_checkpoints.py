@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from peers.conversation_kit import WAIT, call, text
 
-from actors.builtin_tools import register_workspace_tools
+from actors.app.builtin_tools import register_workspace_tools
+from actors.app.wiring import registry
 from actors.conversation import ConversationError, ConversationRuntime, Message, ToolRegistry, read_journal
 from actors.conversation.checkpoints import CHECKPOINT_TOOLS, RESTORE_TOOL, TouchedFiles
 from actors.conversation.shadow import ShadowRepo
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import ModelCatalog
 from actors.router.providers.scripted import ScriptedProvider

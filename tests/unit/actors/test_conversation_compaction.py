@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from peers.conversation_kit import WAIT, CaptureSink
 
+from actors.app.wiring import registry
 from actors.conversation import (
     ChatTokenUsage,
     CompactionBoundary,
@@ -33,7 +34,6 @@ from actors.conversation.compaction import (
     partial_before_split,
     safe_split_point,
 )
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
 from transport.node import Node

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 import pytest
 
+from actors.app.wiring import registry
 from actors.conversation import ToolExecution, ToolHostActor, ToolRegistry, ToolRegistryError
 from actors.conversation.messages import BindSink, ExecuteTool, ListTools, ToolList
 from actors.conversation.tools import describe_tools
-from actors.nodes import registry
 from transport.node import Node
 
 

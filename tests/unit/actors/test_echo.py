@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actors.echo import EchoActor
+from actors.app.echo import EchoActor
 from transport import LimitExceeded, Node
 from transport.messages import (
     ECHO_MAX_HELD,

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from actors.app.wiring import registry
 from actors.conversation import ToolExecution, ToolHostActor, ToolRegistry
 from actors.conversation.messages import ExecuteTool
 from actors.effects import (
@@ -33,11 +34,10 @@ from actors.effects import (
     Unknown,
     idempotency_key,
 )
-from actors.nodes import registry
-from actors.projection import ContextBudget, ToolOutcome
-from actors.session import HostActor, HostExecuteTool, SessionHostError, SessionToolOutcome
-from actors.subagent import HostExecuteTool as SubagentExecuteTool
-from actors.subagent import RunHostActor
+from actors.runs.projection import ContextBudget, ToolOutcome
+from actors.runs.session import HostActor, HostExecuteTool, SessionHostError, SessionToolOutcome
+from actors.runs.subagent import HostExecuteTool as SubagentExecuteTool
+from actors.runs.subagent import RunHostActor
 from actors.types import ToolCall
 from transport.errors import BusError
 from transport.messages import ErrorReply

@@ -18,27 +18,25 @@ from typing import Any
 
 import pytest
 
+from actors.app.wiring import registry
 from actors.base import DEFER, BusActor, Context
-from actors.inference import (
+from actors.inference.facade import SessionInference
+from actors.inference.handle import (
     DEFAULT_ROUND_LIMIT,
     HandleTerminated,
     InferenceError,
     InferenceHandleActor,
-    InferenceRuntime,
     InferenceTimeout,
     InvalidCallId,
     PreparedRound,
     ProviderEndedError,
-    SessionInference,
     SessionInferenceEvent,
     SessionInferenceRequest,
     parse_call_ktool,
 )
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.catalog import UnknownModel
 from actors.router.client import RouterClient
-from actors.router.ledger import ReceiptLedger
 from actors.router.messages import (
     CancelOperation,
     FinishUnavailable,
@@ -55,6 +53,8 @@ from actors.router.messages import (
     TurnToolCall,
 )
 from actors.router.providers.scripted import ScriptedProvider
+from actors.router.receipts import ReceiptLedger
+from actors.runs.runtime import InferenceRuntime
 from actors.types import (
     TOOL_CALL_ERROR_MAX,
     AgentContinuation,

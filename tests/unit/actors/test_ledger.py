@@ -1,4 +1,4 @@
-"""Tests for actors.router.ledger: exactly one durable receipt per operation, read back as written."""
+"""Tests for actors.router.receipts: exactly one durable receipt per operation, read back as written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actors.router.ledger import SCHEMA_VERSION, Intent, ReceiptLedger
+from actors.router.receipts import SCHEMA_VERSION, Intent, ReceiptLedger
 from actors.types import AgentProvider, TokenUsage, UsageReceipt
 
 PARENT = uuid.UUID(int=1)

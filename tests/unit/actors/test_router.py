@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import MAX_TURN_TIMEOUT_S, RouterActor
 from actors.router.catalog import UnknownModel
 from actors.router.client import RouterClient
-from actors.router.ledger import ReceiptLedger
 from actors.router.messages import (
     InvalidCallId,
     ProviderUnavailable,
@@ -30,6 +29,7 @@ from actors.router.messages import (
     TurnUsage,
 )
 from actors.router.providers.scripted import ScriptedProvider
+from actors.router.receipts import ReceiptLedger
 from actors.types import AgentProvider, ToolCallErrorKind, ToolResult
 from transport.errors import HandlerError, ProtocolError
 from transport.node import Node

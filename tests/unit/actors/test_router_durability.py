@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from actors.app.wiring import registry
 from actors.base import BusActor, Context
-from actors.nodes import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import (

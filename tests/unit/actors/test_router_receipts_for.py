@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnCompleted

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnTextDelta

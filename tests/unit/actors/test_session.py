@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from conftest import PEERS, PeerProcess
 
-from actors.inference import PreparedRound, ProviderEndedError
-from actors.nodes import registry
+from actors.app.wiring import registry
+from actors.inference.handle import PreparedRound, ProviderEndedError
 from actors.router.actor import RouterActor
 from actors.router.messages import ResolveModel
 from actors.router.providers.base import ChatMessage
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import (
+from actors.runs.session import (
     HostActor,
     HostExecuteTool,
     HostRecord,
@@ -958,7 +958,7 @@ def test_host_actor_future_error_is_the_hosts(node: Node) -> None:
     failing: concurrent.futures.Future[Any] = concurrent.futures.Future()
     app.prepare = lambda r: failing
     node.spawn(HostActor, "host", host=app)
-    from actors.session import HostPrepareRound
+    from actors.runs.session import HostPrepareRound
 
     answer = node.request_future("n1/host", HostPrepareRound(round=1), timeout=WAIT)
     failing.set_exception(SessionHostError("no"))

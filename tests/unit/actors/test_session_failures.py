@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.app.wiring import registry
 from actors.base import DEFER, BusActor, Context
-from actors.inference import InferenceError, InferenceRuntime, PreparedRound
-from actors.nodes import registry
+from actors.inference.handle import InferenceError, PreparedRound
 from actors.router.messages import (
     CancelOperation,
     FinishUnavailable,
@@ -36,7 +36,8 @@ from actors.router.messages import (
     TurnToolCall,
     TurnUsage,
 )
-from actors.session import (
+from actors.runs.runtime import InferenceRuntime
+from actors.runs.session import (
     HostActor,
     ProviderResume,
     RoundCompletion,

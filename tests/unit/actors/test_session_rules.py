@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 from unit.actors.test_session import WAIT, RecordingHost, request_of, tool
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from actors.router.actor import RouterActor
 from actors.router.providers.scripted import ScriptedProvider
-from actors.session import HostActor, ProviderResume, SessionEvent, SessionToolOutcome, run_session_future
+from actors.runs.session import (
+    HostActor,
+    ProviderResume,
+    SessionEvent,
+    SessionToolOutcome,
+    run_session_future,
+)
 from actors.types import ToolResult
 from transport.node import Node
 

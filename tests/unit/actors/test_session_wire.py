@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from unit.transport.test_codec import strategy_for
 
-from actors.nodes import registry
-from actors.session import (
+from actors.app.wiring import registry
+from actors.runs.session import (
     SESSION_ERRORS,
     SESSION_MESSAGES,
     SessionEvent,

@@ -18,6 +18,7 @@ from typing import Any
 import pykka
 import pytest
 
+from actors.app.wiring import registry
 from actors.base import DEFER, BusActor, Context
 from actors.codex.messages import Abandon, NextEvent, Respond, StartTurn, TurnStarted
 from actors.codex.shim import (
@@ -39,7 +40,6 @@ from actors.codex.types import (
     TextDelta,
     ToolCallEvent,
 )
-from actors.nodes import registry
 from transport.errors import Expired
 from transport.messages import Ok
 from transport.node import Node

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
-from actors.inference import InferenceRuntime, InferenceTimeout
-from actors.nodes import registry
-from actors.projection import (
+from actors.app.wiring import registry
+from actors.inference.handle import InferenceTimeout
+from actors.router.actor import RouterActor
+from actors.router.catalog import ModelCatalog, ModelEntry, ProviderEntry
+from actors.router.providers.scripted import ScriptedProvider
+from actors.runs.projection import (
     REMOVED_MARKER,
     RUN_TOOL_DESCRIPTION,
     UPDATED_MARKER,
@@ -21,10 +24,8 @@ from actors.projection import (
     estimate_tokens,
     rejection_text,
 )
-from actors.router.actor import RouterActor
-from actors.router.catalog import ModelCatalog, ModelEntry, ProviderEntry
-from actors.router.providers.scripted import ScriptedProvider
-from actors.subagent import (
+from actors.runs.runtime import InferenceRuntime
+from actors.runs.subagent import (
     AuditEvent,
     CaptureFailedError,
     ContextBudget,
@@ -859,7 +860,7 @@ def test_a_host_answering_the_wrong_type_fails_the_run_and_the_actors_live_on(
 ) -> None:
     """A host whose execute_tool returns something other than a ToolOutcome → SubagentHostError after
     accounting (one receipt); the host actor and the Router serve the next run."""
-    from actors.session import SessionToolOutcome
+    from actors.runs.session import SessionToolOutcome
 
     host.outcomes["t1"] = lambda c, b: SessionToolOutcome.success("wrong type")
     provider.add([call("c1", "t1"), {"text": "never"}])
@@ -874,7 +875,7 @@ def test_a_negative_reserve_is_refused_before_anything_happens(
     runtime: InferenceRuntime, host: RecordingHost, provider: ScriptedProvider
 ) -> None:
     """A negative protocol reserve → InvalidRunRequest (also a ValueError); no event, no provider turn."""
-    from actors.subagent import InvalidRunRequest
+    from actors.runs.subagent import InvalidRunRequest
 
     with pytest.raises(InvalidRunRequest) as err:
         runtime.run(request(), "n1/host", timeout=WAIT, protocol_reserve_tokens=-1)

@@ -1,6 +1,6 @@
 """MB-06 for every message type kbus registers (issue 18 item 11: the round trips covered 54 of 154).
 
-The cases are the registry itself (``actors.nodes.registry()``, the table a ``kbus node`` speaks), so a
+The cases are the registry itself (``actors.app.wiring.registry()``, the table a ``kbus node`` speaks), so a
 type registered later is round-tripped with no change here. Its values come from the codec tests' generic
 strategy (one row per field form the codec accepts); a type with a field form that strategy has no row for
 fails here with "strategy_for has no row for ...", until it gets a row or an entry in ``STRATEGIES``.
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unit.transport.test_codec import strategy_for
 
-from actors.nodes import MESSAGES, registry
+from actors.app.wiring import MESSAGES, registry
 
 REG = registry()
 ALL = REG.classes

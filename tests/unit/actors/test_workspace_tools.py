@@ -1,4 +1,4 @@
-"""The workspace tools (actors/builtin_tools.py): write_file, edit_file, run_command on real folders and real
+"""The workspace tools (app/builtin_tools.py): write_file, edit_file, run_command on real folders and real
 child processes; run_command's process group checked by PID (a pidfd says when each process is gone)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.builtin_tools import (
+from actors.app.builtin_tools import (
     WORKSPACE_TOOLS,
     ToolRefused,
     command_environment,
@@ -213,7 +213,7 @@ def test_the_cli_hides_every_api_key_env_its_catalog_names(tmp_path: Path) -> No
     """``kbus run/chat --edit``: run_command's environment lacks each variable a catalog provider names."""
     import argparse
 
-    from actors.agent_cli import credential_names
+    from actors.app.chat import credential_names
 
     config = tmp_path / "c.toml"
     config.write_text(

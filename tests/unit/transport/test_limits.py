@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import zmq
 
-from actors.echo import EchoActor
+from actors.app.echo import EchoActor
 from transport import Node, NotDelivered, Peer, Security
 from transport.codec import encode_header
 from transport.envelope import Header, new_id

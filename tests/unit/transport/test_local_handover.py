@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from actors.app.echo import EchoActor
 from actors.base import BusActor, Context
-from actors.echo import EchoActor
 from transport import Node
 from transport.capture import CaptureWriter, read_log
 from transport.errors import ProtocolError

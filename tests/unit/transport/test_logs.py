@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from actors.echo import EchoActor
+from actors.app.echo import EchoActor
 from transport import HandlerError, Node
 from transport.logs import MAX_LOG_LINE, MAX_TRACEBACK, LogLimiter
 from transport.messages import Echo, Fail

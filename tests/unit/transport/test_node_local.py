@@ -21,8 +21,8 @@ import msgpack
 import pytest
 import zmq
 
+from actors.app.echo import EchoActor
 from actors.base import DEFER, BusActor, Context
-from actors.echo import EchoActor
 from transport import Node, Peer
 from transport.codec import decode_header, encode_header
 from transport.envelope import Header, new_id

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from actors.echo import EchoActor
+from actors.app.echo import EchoActor
 from transport.errors import Expired, ProtocolError
 from transport.messages import Hold, Ping, Pong
 from transport.node import Node

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from actors.nodes import registry
+from actors.app.wiring import registry
 from transport import Node, Peer
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors.app.echo import EchoActor
 from actors.base import DEFER, BusActor, Context
-from actors.echo import EchoActor
 from transport.capture import CaptureLog, CaptureWriter, Record, read_log, verify
 from transport.codec import Registry, decode_header
 from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, Hold

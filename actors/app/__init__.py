@@ -1,0 +1,10 @@
+"""The application: the ``kbus`` command, the chat agent, the built-in tools and the node wiring.
+
+- ``cli.py``: the ``kbus`` command (``node``, ``run``, ``chat``, ``ping``, ``keys``, ``stats``, ``log``, …).
+- ``chat.py``: ``Agent`` (an agent on the bus: Router, conversation, tools) and the terminal chat around it.
+- ``people_cli.py``: asking a person at the terminal (permissions, plans).
+- ``builtin_tools.py``: the tools every turn gets (``calculate``, the workspace tools).
+- ``wiring.py``: the message registry of every package, and the actors a node's config names.
+- ``echo.py``: the echo actor (ping, echo, streams; for checks and benchmarks).
+- ``replay_plugin.py``: the pytest plugin (``kbus_replay``): record a capture once, replay it offline.
+"""
