@@ -6,7 +6,8 @@ working directory, through ``run_bounded``: a new process group, a timeout, the 
 stdout+stderr kept with the full size counted, and the whole group killed when the job ends, is stopped, or
 the runner stops), or a Python callable registered on the runner by name. It may live in another process
 than the conversation. When a job ends the runner tells its owner ``JobDone``; it keeps the completion, so an
-owner that restarts asks ``GetJob`` again.
+owner that restarts asks again with ``AdoptJob``, which also makes it the owner of a job still running (a
+resumed conversation may have another address).
 
 The conversation (``JobsMixin``) gives the model ``start_job(command)``, ``job_status(job_id)`` and
 ``stop_job(job_id)`` (``RegisterJobTools``), journals ``job_started`` before asking the runner,
@@ -35,6 +36,7 @@ from actors.base import DEFER, BusActor, Context
 from actors.conversation.journal import Journal, LoopsRestored, job_to_json
 from actors.conversation.kernel import LocalResult
 from actors.conversation.messages import (
+    AdoptJob,
     ConversationError,
     CountJobs,
     GetJob,
@@ -134,6 +136,11 @@ class JobRunnerActor(BusActor):
                 return self._start(message)
             case GetJob(job_id=job_id):
                 return self._info(self._jobs.get(job_id), job_id)
+            case AdoptJob(job_id=job_id, owner=owner):
+                job = self._jobs.get(job_id)
+                if job is not None and owner:
+                    job.owner = owner  # a running job's JobDone now goes to the owner that is alive
+                return self._info(job, job_id)
             case StopJob(job_id=job_id):
                 job = self._jobs.get(job_id)
                 if job is not None and job.done is None:
@@ -379,7 +386,7 @@ class JobsMixin:
                     )
                 self._job_done(job)
 
-            self.ask(runner, GetJob(job_id=job_id), known, timeout=RUNNER_TIMEOUT)
+            self.ask(runner, AdoptJob(job_id=job_id, owner=self.address), known, timeout=RUNNER_TIMEOUT)
 
     def _job_done(self, job: CompletedJob) -> None:
         """A completion (from the runner, or found on resume): counted once, journaled, queued (BG-06)."""
@@ -485,7 +492,7 @@ class JobsMixin:
         if not runner:
             known(Reply(None, None, True))
             return
-        self.ask(runner, GetJob(job_id=job_id), known, timeout=RUNNER_TIMEOUT)
+        self.ask(runner, AdoptJob(job_id=job_id, owner=self.address), known, timeout=RUNNER_TIMEOUT)
 
     def _job_tool(
         self, name: str, arguments: dict[str, Any], key: str, *, probe: bool = False

@@ -326,6 +326,16 @@ class GetJob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AdoptJob:
+    """``GetJob`` that also makes ``owner`` the job's owner: a resumed conversation (perhaps at another
+    address) claims a job still running, so its ``JobDone`` reaches the owner that is alive."""
+
+    TAG: ClassVar[str] = "jobs.adopt"
+    job_id: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StopJob:
     TAG: ClassVar[str] = "jobs.stop"
     job_id: str
@@ -479,6 +489,7 @@ MESSAGES = (
     RegisterJobTools,
     StartJob,
     GetJob,
+    AdoptJob,
     StopJob,
     StopJobs,
     CountJobs,

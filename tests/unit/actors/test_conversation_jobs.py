@@ -370,6 +370,38 @@ def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) ->
     assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
 
 
+def test_a_job_still_running_at_resume_reports_to_the_resumed_conversation(env: Env, tmp_path: Path) -> None:
+    """BG-06 across a resume: the job is still running when the resumed conversation (at another address)
+    reconciles it, and ends only afterwards. Its completion must reach the resumed conversation, once: the
+    resume adopts the job (``AdoptJob``), so the runner's ``JobDone`` no longer goes to the dead owner."""
+    path = tmp_path / "s.jsonl"
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    rt, _, manager, _ = setup(env, tmp_path, session_file=path)
+    env.script(start(f"read x < {fifo}; echo finished-7", "j1"), text("started"))
+    rt.run("start")
+    crashed = tmp_path / "crashed.jsonl"
+    shutil.copy(path, crashed)
+    rt.stop()
+    job_id = next(iter(read_journal(crashed).loops.jobs_running))
+    rt2 = env.build(session_file=crashed)
+    rt2.register_job_tools(manager)
+    assert rt2.status() is not None  # the resume (and its reconcile request to the runner) is behind us
+    assert manager.status(job_id).state == "running"
+    with fifo.open("w") as release:  # only now does the job end
+        release.write("go\n")
+    done = env.sink.wait_for(lambda e: isinstance(e, JobFinished) and e.job_id == job_id and not e.lost)
+    assert done.exit_code == 0
+    slot2 = WakeupSlot("s2")
+    rt2.register_wakeup_tool(slot2)
+    env.script(text("t1"))
+    env.script(text("delivered"))
+    outcomes = rt2.run_event_loop("go", slot2, manager)
+    assert [o.final_text for o in outcomes] == ["t1", "delivered"]
+    delivered = [u for u in users(rt2) if u.startswith("[Background job")]
+    assert len(delivered) == 1 and "(exit 0)" in delivered[0] and "finished-7" in delivered[0]
+
+
 def test_a_job_that_finished_while_the_conversation_was_down_is_delivered_once_as_finished(
     env: Env, tmp_path: Path
 ) -> None:
