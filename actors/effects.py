@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from actors.base import DEFER, BusActor, Context
+from actors.errors import Broken
 from actors.types import ToolCall, ToolCallError
 from transport.errors import BusError
 from transport.messages import ErrorReply, Ok
@@ -81,7 +82,7 @@ def idempotency_key(*parts: object) -> str:
     return ":".join(str(p).replace("\\", "\\\\").replace(":", "\\:") for p in parts)
 
 
-class EffectStoreError(BusError):
+class EffectStoreError(Broken):
     """The effect store cannot be written (disk full, read-only, unopenable): the effect was not run,
     so the same call may be sent again once the store is writable."""
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from actors.errors import KbusError
 from transport.codec import JsonValue
 from transport.errors import BusError, NotDelivered, Unavailable
 
@@ -166,7 +167,7 @@ class ToolCall:
     arguments: dict[str, JsonValue] = field(default_factory=dict)
 
 
-class ReceiptError(BusError):
+class ReceiptError(KbusError):
     """A failure that may carry the canonical receipt of the turn it ended (a Router or handle error).
 
     Not on the wire itself: subclasses with their own ``WIRE`` names are. The receipt travels in the

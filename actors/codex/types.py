@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeAlias
 
+from actors.errors import Broken
 from actors.types import ToolResult
 from transport.codec import JsonValue
 from transport.errors import BusError
@@ -45,7 +46,7 @@ class ErrorKind(enum.StrEnum):
     UNAVAILABLE = "unavailable"
 
 
-class AdapterError(BusError):
+class AdapterError(Broken):
     """AD-02: ``kind``, ``message`` and the child's stderr snapshot ``diagnostics``; equal by all three."""
 
     WIRE = "codex.adapter"

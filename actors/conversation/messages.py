@@ -19,6 +19,7 @@ from actors.conversation.types import (
     RuntimeOutcome,
     Wakeup,
 )
+from actors.errors import Broken, KbusError
 from transport.codec import JsonValue
 from transport.errors import BusError
 
@@ -444,13 +445,13 @@ class HostRestoreCheckpoint:
 # ----------------------------------------------------------------------------------------- errors
 
 
-class ConversationError(BusError):
+class ConversationError(KbusError):
     """A command the conversation cannot carry out (bad argument, failed summary, failed turn)."""
 
     WIRE = "conv.error"
 
 
-class TurnFailed(ConversationError):
+class TurnFailed(ConversationError, Broken):
     """The turn's kernel run raised (CV-10): the user message stays, nothing else was appended."""
 
     WIRE = "conv.turn_failed"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Final
 
 from actors.base import DEFER, BusActor, Context
+from actors.errors import Closed, TimedOut
 from actors.router.messages import (
     CancelOperation,
     InvalidCallId,
@@ -199,19 +200,19 @@ class InferenceError(ReceiptError):
     WIRE = "si.inference"
 
 
-class InferenceTimeout(InferenceError):
+class InferenceTimeout(InferenceError, TimedOut):
     """The Router ended the turn because ``prepared.timeout`` ran out (SI-20)."""
 
     WIRE = "si.timeout"
 
 
-class ProviderEndedError(InferenceError):
+class ProviderEndedError(InferenceError, Closed):
     """The Router ended the turn (cancelled through its lineage, or accounted already)."""
 
     WIRE = "si.provider_ended"
 
 
-class HandleTerminated(BusError):
+class HandleTerminated(Closed):
     """The handle was used up (completed, accounted, failed with a receipt, or closed): nothing was sent."""
 
     WIRE = "si.handle_terminated"

@@ -31,9 +31,9 @@ from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from actors.errors import Invalid
 from actors.types import AgentProvider, ResolvedAgentModel, TokenUsage
 from config.settings import NON_EMPTY, POSITIVE, ConfigError, Rule, build
-from transport.errors import BusError
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -79,7 +79,7 @@ def _child(key: str, name: str) -> str:
     return f"{key}.{part}" if key else part
 
 
-class UnknownModel(BusError):
+class UnknownModel(Invalid):
     """A name that is neither a model id nor an alias in the Router's catalog; ``known`` lists its names."""
 
     WIRE = "unknown_model"

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
+from actors.errors import Broken, Cancelled, Closed, Invalid, TimedOut
 from actors.types import (
     AgentContinuation,
     ModelContext,
@@ -254,11 +255,11 @@ class RouterError(ReceiptError):
     WIRE = "router"
 
 
-class TurnNotFound(RouterError):
+class TurnNotFound(RouterError, Invalid):
     WIRE = "router.turn_not_found"
 
 
-class TurnTerminated(RouterError):
+class TurnTerminated(RouterError, Closed):
     """The turn already ended (its receipt is attached): nothing more can happen on it."""
 
     WIRE = "router.turn_terminated"
@@ -282,25 +283,25 @@ class TurnNotStarted(RouterError, NotDelivered):
     WIRE = "router.turn_not_started"
 
 
-class InvalidCallId(RouterError):
+class InvalidCallId(RouterError, Invalid):
     """``respond`` for a call id that was not surfaced, or was answered already: nothing was sent."""
 
     WIRE = "router.invalid_call_id"
 
 
-class ProviderFailed(RouterError):
+class ProviderFailed(RouterError, Broken):
     WIRE = "router.provider_failed"
 
 
-class ProviderUnavailable(RouterError):
+class ProviderUnavailable(RouterError, Broken):
     WIRE = "router.provider_unavailable"
 
 
-class TurnCancelled(RouterError):
+class TurnCancelled(RouterError, Cancelled):
     WIRE = "router.cancelled"
 
 
-class TurnTimedOut(RouterError):
+class TurnTimedOut(RouterError, TimedOut):
     WIRE = "router.timed_out"
 
 

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
 from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.errors import Broken, Cancelled, Exhausted, Invalid
 from actors.inference.handle import (
     DEFAULT_ROUND_LIMIT,
     AwaitStarted,
@@ -227,13 +228,13 @@ AnySessionControl = SessionControl.Continue | SessionControl.Complete
 # ----------------------------------------------------------------------------------------------- errors
 
 
-class InvalidSessionRequest(BusError, ValueError):
+class InvalidSessionRequest(Invalid, ValueError):
     """RS-02/RS-03: a zero limit, or a restored round count above the limit. Not a round-limit error."""
 
     WIRE = "rs.invalid_request"
 
 
-class SessionRoundLimitError(BusError):
+class SessionRoundLimitError(Exhausted):
     """RS-05: the cumulative round limit is exhausted; test with ``is_session_round_limit``."""
 
     WIRE = "rs.round_limit"
@@ -246,13 +247,13 @@ class SessionRoundLimitError(BusError):
         return {**self.details, "limit": self.limit}
 
 
-class SessionCancelled(BusError):
+class SessionCancelled(Cancelled):
     """The caller cancelled the run (``CancelSession``); the open provider turn was accounted for."""
 
     WIRE = "rs.cancelled"
 
 
-class SessionHostError(BusError):
+class SessionHostError(Broken):
     """A failure an application host may raise to abort a run with a typed, wire-stable error."""
 
     WIRE = "rs.host_error"

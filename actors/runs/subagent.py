@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
 from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.errors import Broken, Cancelled, Invalid
 from actors.inference.handle import (
     AwaitStarted,
     FinishUnavailable,
@@ -191,7 +192,7 @@ AnyAuditEvent = (
 # ----------------------------------------------------------------------------------------------- errors
 
 
-class ContextCapacityError(BusError):
+class ContextCapacityError(Invalid):
     """SA-06: the projection (estimate plus protocol reserve) does not fit the model's maximum input."""
 
     WIRE = "sa.context_capacity"
@@ -208,37 +209,37 @@ class ContextCapacityError(BusError):
         return {**self.details, "estimated": self.estimated, "maximum": self.maximum}
 
 
-class EmptyAnswerError(BusError):
+class EmptyAnswerError(Broken):
     """SA-23/SA-24: the run's terminal result is empty."""
 
     WIRE = "sa.empty_answer"
 
 
-class EmptyCaptureError(BusError):
+class EmptyCaptureError(Broken):
     """SA-22: a capture was designated and the turn's terminal answer is empty."""
 
     WIRE = "sa.empty_capture"
 
 
-class CaptureFailedError(BusError):
+class CaptureFailedError(Broken):
     """SA-24: ``complete_capture`` returned a failed outcome; the message is its text."""
 
     WIRE = "sa.capture_failed"
 
 
-class InvalidRunRequest(BusError, ValueError):
+class InvalidRunRequest(Invalid, ValueError):
     """A run request that cannot start (a negative protocol reserve, a second run on one run actor)."""
 
     WIRE = "sa.invalid_request"
 
 
-class RunCancelled(BusError):
+class RunCancelled(Cancelled):
     """The caller cancelled the run (or stopped waiting for it); an open provider turn was accounted for."""
 
     WIRE = "sa.cancelled"
 
 
-class SubagentHostError(BusError):
+class SubagentHostError(Broken):
     """A host method returned something other than what the ``Host`` protocol says."""
 
     WIRE = "sa.host_error"
