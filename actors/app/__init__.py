@@ -7,4 +7,9 @@
 - ``wiring.py``: the message registry of every package, and the actors a node's config names.
 - ``echo.py``: the echo actor (ping, echo, streams; for checks and benchmarks).
 - ``replay_plugin.py``: the pytest plugin (``kbus_replay``): record a capture once, replay it offline.
+
+The face exports nothing: these are entry points, not a library API, and importing ``actors.app`` must stay
+cheap because the ``kbus`` command and the pytest plugin start from it.
 """
+
+__all__: list[str] = []

@@ -148,6 +148,8 @@ from actors.conversation.types import (
 
 __all__ = [
     "AUTO_PROMPT",
+    "CONVERSATION_ERRORS",
+    "CONVERSATION_MESSAGES",
     "DEFAULT_TIMEOUT",
     "GOAL_JUDGE_TAIL",
     "AgentEvent",
@@ -206,7 +208,7 @@ __all__ = [
 ]
 
 # The wire table actors/app/wiring.py adds to the registry.
-from typing import Any
+from typing import Any as _Any
 
 from actors.conversation.gatekeeper import GATEKEEPER_MESSAGES as _GATEKEEPER
 from actors.conversation.hooks import HOOK_MESSAGES as _HOOKS
@@ -217,7 +219,7 @@ from actors.conversation.permissions import PERMISSION_MESSAGES as _PERMISSIONS
 from actors.conversation.types import PEOPLE_TYPES as _PEOPLE_TYPES
 from actors.conversation.types import TYPES as _TYPES
 
-CONVERSATION_MESSAGES: tuple[type[Any], ...] = (*_TYPES, *_MESSAGES)
+CONVERSATION_MESSAGES: tuple[type[_Any], ...] = (*_TYPES, *_MESSAGES)
 CONVERSATION_MESSAGES = (
     *CONVERSATION_MESSAGES,
     *_PEOPLE_TYPES,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from actors.router.providers.base import Provider
+
+if _TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 class ProviderConfigError(ValueError):
@@ -42,4 +45,4 @@ def build_provider(entry: Any, *, env: Mapping[str, str] | None = None) -> Provi
     raise ProviderConfigError(f"provider {entry.name}: unknown kind {kind!r}")
 
 
-__all__ = ["ProviderConfigError", "build_provider"]
+__all__ = ["Provider", "ProviderConfigError", "build_provider"]
