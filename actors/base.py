@@ -15,6 +15,11 @@ An actor may *host* another (``host_actor``): the hosted actor is addressed, reg
 like any other and keeps its own state and rules, but it has no thread of its own: its mailbox items go into
 its host's mailbox and run on the host's thread, between the host's own messages. A request between host
 and hosted actor then costs no thread hand-off. A session loop hosts its inference handles this way.
+
+A node's ``HostPool`` (``HostPool.of(node, kind)``) is a few ``HostingActor``s whose only job is to host
+others: ``pool.spawn(actor_class, name, ...)`` places the actor on the one hosting fewest, by a message to it,
+instead of starting a thread for it. So threads grow with the pool's size, not with the actors placed. A
+hosted actor that fails (a bug) stops alone; its host and the actors beside it go on.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import contextlib
 import logging
 import queue
 import sys
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -37,7 +44,7 @@ from transport.errors import BusError, Expired, ProtocolError, Unavailable
 from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
 from transport.node import BARRIER, Node
-from transport.pending import Reply, mark_actor_thread
+from transport.pending import Reply, current_actor, mark_actor_thread
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +298,7 @@ class BusActor(pykka.ThreadingActor):
         actor.actor_ref.actor_inbox = inbox
         self._hosted.add(actor)
         self.node.register(name, actor.actor_ref)
+        caller = current_actor()  # this actor, or one it hosts starting a companion
         mark_actor_thread(address)
         try:
             actor.on_start()
@@ -299,7 +307,7 @@ class BusActor(pykka.ThreadingActor):
             self._hosted.discard(actor)
             self.node.unregister(name, actor.actor_ref)
         finally:
-            mark_actor_thread(self.address)
+            mark_actor_thread(caller or self.address)
         return actor.actor_ref
 
     def _run_hosted(self, hosted: _Hosted) -> None:
@@ -622,3 +630,114 @@ class BusActor(pykka.ThreadingActor):
             then(reply)
         except Exception:
             log.exception("%s: continuation for %s raised", self.address, arrived.request_id.hex())
+
+
+# ------------------------------------------------------------------------------------------ hosting pool
+DEFAULT_HOSTS = 4  # hosting actors a pool starts when its node's settings did not say (``[node] hosts``)
+PLACE_TIMEOUT = 30.0  # seconds a placement waits for its host (it only constructs and starts the actor)
+
+_on_host = threading.local()  # ``.actor``: the HostingActor whose thread this is
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Host ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` (a HostingActor's message)."""
+
+    actor_class: Any
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class HostingActor(BusActor):
+    """An actor whose only job is to host others (``HostPool.spawn``); it serves no bus traffic of its own.
+
+    Its thread is a daemon thread: what it hosts may run code that does not return (a tool), and the process
+    must still be able to exit once an explicit stop has given up on it."""
+
+    use_daemon_thread = True
+
+    def __init__(self, node: Node, address: str, *, pool: HostPool) -> None:
+        super().__init__(node, address)
+        pool._joined(self)
+
+    @property
+    def hosted(self) -> int:
+        """How many actors it hosts now (read from any thread: a hint for placement, not a fact)."""
+        return len(self._hosted)
+
+    def on_start(self) -> None:
+        super().on_start()
+        _on_host.actor = self
+
+    def on_local(self, message: Any) -> Any:
+        if isinstance(message, _Place):
+            return self.host_actor(message.actor_class, message.name, *message.args, **message.kwargs)
+        return super().on_local(message)
+
+
+class HostPool:
+    """The hosting actors of one node for one kind of actor: ``<kind>-host.0`` .. ``<kind>-host.<size-1>``,
+    started when the first actor is placed (and again if one has stopped). Size 0 means no pool: ``spawn``
+    starts each actor on its own thread, as ``Node.spawn`` does."""
+
+    _pools: ClassVar[weakref.WeakKeyDictionary[Node, dict[str, HostPool]]] = weakref.WeakKeyDictionary()
+    _sizes: ClassVar[weakref.WeakKeyDictionary[Node, dict[str, int]]] = weakref.WeakKeyDictionary()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, node: Node, kind: str, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"a host pool's size is 0 or more, not {size}")
+        self.node = node
+        self.kind = kind
+        self.size = size
+        self._hosts: dict[str, HostingActor] = {}  # name -> the hosting actor (joined in its __init__)
+        self._start = threading.Lock()
+
+    @classmethod
+    def configure(cls, node: Node, kind: str, size: int) -> None:
+        """The size of ``node``'s pool for ``kind`` (before its first placement; later calls change nothing
+        once the pool exists)."""
+        if size < 0:
+            raise ValueError(f"a host pool's size is 0 or more, not {size}")
+        with cls._lock:
+            cls._sizes.setdefault(node, {})[kind] = size
+
+    @classmethod
+    def of(cls, node: Node, kind: str) -> HostPool:
+        """``node``'s pool for ``kind``, made on first use: of the configured size, else ``DEFAULT_HOSTS``."""
+        with cls._lock:
+            pools = cls._pools.setdefault(node, {})
+            pool = pools.get(kind)
+            if pool is None:
+                size = cls._sizes.get(node, {}).get(kind, DEFAULT_HOSTS)
+                pool = pools[kind] = HostPool(node, kind, size)
+            return pool
+
+    def _joined(self, host: HostingActor) -> None:
+        self._hosts[host.name] = host
+
+    def hosts(self) -> list[HostingActor]:
+        """The pool's running hosting actors, started (or restarted) as needed."""
+        with self._start:
+            for i in range(self.size):
+                name = f"{self.kind}-host.{i}"
+                host = self._hosts.get(name)
+                if host is None or host.actor_stopped.is_set():
+                    self._hosts.pop(name, None)
+                    self.node.spawn(HostingActor, name, pool=self)
+            return [self._hosts[f"{self.kind}-host.{i}"] for i in range(self.size)]
+
+    def spawn(self, actor_class: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Start ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` on the pool's host with
+        the fewest actors, and return its ref (as ``Node.spawn``). Called on a hosting actor's own thread (an
+        actor placed there starting its companions) it is hosted right there, without a wait; from any other
+        thread the placement waits up to ``PLACE_TIMEOUT``. An actor that takes traffic on its own socket
+        (``DIRECT``), or any actor when the pool's size is 0, gets its own thread."""
+        if self.size == 0 or actor_class.DIRECT:
+            return self.node.spawn(actor_class, name, *args, **kwargs)
+        here = getattr(_on_host, "actor", None)
+        if isinstance(here, HostingActor) and here.node is self.node and not here.actor_stopped.is_set():
+            return here.host_actor(actor_class, name, *args, **kwargs)
+        host = min(self.hosts(), key=lambda h: h.hosted)
+        return host.actor_ref.ask(_Place(actor_class, name, args, kwargs), timeout=PLACE_TIMEOUT)

@@ -159,6 +159,7 @@ Z85_KEY = Rule("a Z85 public key (40 characters)", _is_z85_key)
 NON_EMPTY = Rule("a non-empty string", lambda v: v != "")
 POSITIVE = Rule("an integer > 0", lambda v: v > 0)
 NON_NEGATIVE = Rule("an integer >= 0", lambda v: v >= 0)
+HOST_COUNT = Rule("an integer from 0 to 256 (0: an own thread per actor)", lambda v: 0 <= v <= 256)
 SECONDS = Rule("a finite number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
 
 
@@ -429,7 +430,7 @@ class NodeSettings:
     Invariants: `name` matches [A-Za-z0-9_.-]+; every `bind` endpoint starts with inproc://,
     ipc:// or tcp://; no '..' in an ipc path, `data_dir` or `capture` (a relative path stays in the
     config file's folder); sizes are > 0, heartbeats and high-water marks >= 0 (0 = off/unlimited);
-    `request_timeout` is finite and > 0.
+    `request_timeout` is finite and > 0; `hosts` and `tool_hosts` are 0..256.
     """
 
     name: Annotated[str, NODE_NAME]
@@ -444,6 +445,10 @@ class NodeSettings:
     heartbeat_timeout_ms: Annotated[int, NON_NEGATIVE] = 5000
     sndhwm: Annotated[int, NON_NEGATIVE] = 1000
     rcvhwm: Annotated[int, NON_NEGATIVE] = 1000
+    # Hosting actors (threads) the node's conversations are placed on, and their tool hosts on; 0 = a thread
+    # for each conversation (and each tool host), as before pools.
+    hosts: Annotated[int, HOST_COUNT] = 4
+    tool_hosts: Annotated[int, HOST_COUNT] = 4
 
     def __post_init__(self) -> None:
         _normalise(self)

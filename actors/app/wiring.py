@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from actors.app.echo import EchoActor
+from actors.base import HostPool
 from actors.codex.messages import CODEX_ERRORS, CODEX_MESSAGES
 from actors.conversation import CONVERSATION_ERRORS, CONVERSATION_MESSAGES
+from actors.conversation.kernel import CONVERSATION_HOSTS, TOOL_HOSTS
 from actors.effects import EFFECT_ERRORS
 from actors.inference.handle import INFERENCE_ERRORS, INFERENCE_MESSAGES
 from actors.router.actor import RouterActor
@@ -75,6 +77,8 @@ def build_node(settings: Settings, *, capture: str | Path | None = None) -> Node
     starters = {spec.name: _Starter(ACTOR_TYPES[spec.type](settings)) for spec in settings.actors}
     writer = CaptureWriter(capture, node=settings.node.name, schema=reg.schema_hash()) if capture else None
     node = Node.from_settings(settings, registry=reg, **({"capture": writer} if writer else {}))
+    HostPool.configure(node, CONVERSATION_HOSTS, settings.node.hosts)
+    HostPool.configure(node, TOOL_HOSTS, settings.node.tool_hosts)
     node.start()
     try:
         for spec in settings.actors:

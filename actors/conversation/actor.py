@@ -27,11 +27,12 @@ from typing import Any
 import pykka
 
 import actors.conversation.compaction as compaction
-from actors.base import DEFER, Context
+from actors.base import DEFER, Context, HostPool
 from actors.conversation.gatekeeper import INTERRUPTED, NOT_MINE, PEOPLE_COMMANDS, Gatekeeper
 from actors.conversation.jobs import JobsMixin
 from actors.conversation.journal import InterruptedTurn, Journal, PendingCall, placeholders, read_journal
 from actors.conversation.kernel import (
+    CONVERSATION_HOSTS,
     HOST_TIMEOUT,
     SUMMARY_TOOL_DESCRIPTION,
     ConversationConfig,
@@ -929,8 +930,10 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
     def _start_gates(self) -> None:
         """The plan gates' own addresses (PG-01): ``<conversation>.plan_gate`` and ``.plan_mode_gate``."""
         for name, kind in zip(self._gate_names(), ("plan", "mode_request"), strict=True):
-            if self.node.lookup(name) is None:
-                self.node.spawn(GateActor, name, conversation=self.address, kind=kind, timeout=HOST_TIMEOUT)
+            if self.node.lookup(name) is None:  # beside this conversation, on its host when it has one
+                HostPool.of(self.node, CONVERSATION_HOSTS).spawn(
+                    GateActor, name, conversation=self.address, kind=kind, timeout=HOST_TIMEOUT
+                )
 
     def _stop_gates(self) -> None:
         for name in self._gate_names():

@@ -76,6 +76,11 @@ __all__ = ["ConversationConfig", "KernelHost", "KernelRun", "line_of", "render_i
 LocalResult = ToolExecution | Callable[[Callable[[ToolExecution], None]], None] | None
 RUN_TIMEOUT = 24 * 3600.0  # one run_session; the callers' own deadlines bound their waits
 HOST_TIMEOUT = 3600.0
+
+# The node's host pools (actors.base.HostPool) a conversation is placed on: the conversation actor and its
+# plan gates on one, its tool host on the other (a tool may block its thread; a conversation never does).
+CONVERSATION_HOSTS = "conversation"
+TOOL_HOSTS = "tool"
 SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
 
 

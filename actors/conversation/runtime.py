@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from actors.base import HostPool
 from actors.conversation.gatekeeper import GetKernel, GetTodos, KernelInfo, SetPlanMode
 from actors.conversation.hooks import (
     GetHookStats,
@@ -27,6 +28,7 @@ from actors.conversation.hooks import (
     SetSdkHookForwarder,
 )
 from actors.conversation.journal import Sync
+from actors.conversation.kernel import CONVERSATION_HOSTS, TOOL_HOSTS
 from actors.conversation.messages import (
     ClearGoal,
     CloseSession,
@@ -949,7 +951,10 @@ class ConversationRuntimeBuilder:
             registry = self._tools or ToolRegistry()
             if self._people_tools:
                 register_people_tools(registry)
-            host_node.spawn(ToolHostActor, host_name, registry=registry, effects=effects)
+            # Tools may block: their hosts are a pool of their own, never a conversation's host.
+            HostPool.of(host_node, TOOL_HOSTS).spawn(
+                ToolHostActor, host_name, registry=registry, effects=effects
+            )
             facade._owned.append((host_node, host_name))
             host = f"{host_node.name}/{host_name}"
         sink_address = facade._sink_address(self._sink)
@@ -980,6 +985,6 @@ class ConversationRuntimeBuilder:
         config = dataclasses.replace(config, **extra)
         if self._ask_timeout is not None:
             config = dataclasses.replace(config, ask_timeout=self._ask_timeout)
-        where.spawn(ConversationActor, name, config=config)
+        HostPool.of(where, CONVERSATION_HOSTS).spawn(ConversationActor, name, config=config)
         facade._owned.append((where, name))
         return facade

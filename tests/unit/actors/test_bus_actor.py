@@ -18,7 +18,7 @@ import msgpack
 import pytest
 
 from actors.app.echo import EchoActor
-from actors.base import DEFER, BusActor, Context
+from actors.base import DEFER, BusActor, Context, HostPool
 from transport import Node, Peer
 from transport.capture import CaptureWriter
 from transport.envelope import Header
@@ -384,3 +384,89 @@ def test_a_hosted_actor_stopped_by_its_ref_leaves_its_host_serving(node: Node) -
     assert node.request("n1/host", Echo(), timeout=WAIT).seq > 0
     node.request("n1/host", Echo(text="host"), timeout=WAIT)  # the name is free again
     assert node.request("n1/guest", Echo(), timeout=WAIT).seq > 0
+
+
+# ------------------------------------------------------------------------------------------ host pools
+class Crasher(ThreadEcho):
+    """A fake, for a crash at a chosen point: the local message "crash" raises in its handler, as a bug
+    would (no bus input can crash an actor)."""
+
+    def on_local(self, message: Any) -> Any:
+        if message == "crash":
+            raise RuntimeError("a crash at a chosen point")
+        return super().on_local(message)
+
+
+class Companion(ThreadEcho):
+    """Places ``<name>.gate`` on its own pool while it is constructed (as a conversation its plan gates)."""
+
+    def __init__(self, node: Node, address: str, *, pool: HostPool) -> None:
+        super().__init__(node, address)
+        pool.spawn(ThreadEcho, f"{self.name}.gate")
+
+
+def thread_of(node: Node, name: str) -> int:
+    return int(node.request(f"n1/{name}", Echo(), timeout=WAIT).seq)
+
+
+def test_a_pool_hosts_many_actors_on_as_many_threads_as_it_has_hosts(node: Node) -> None:
+    HostPool.configure(node, "t", 2)
+    pool = HostPool.of(node, "t")
+    pool.hosts()  # started before the count: what follows adds actors, not threads
+    before = threading.active_count()
+    for i in range(12):
+        pool.spawn(ThreadEcho, f"g{i}")
+    assert len({thread_of(node, f"g{i}") for i in range(12)}) == 2
+    assert threading.active_count() == before
+    assert sorted(h.hosted for h in pool.hosts()) == [6, 6]  # each on the host holding fewest
+    with pytest.raises(ValueError, match="exists already"):  # a placement's error reaches the caller
+        pool.spawn(ThreadEcho, "g0")
+
+
+def test_a_pool_of_size_0_starts_each_actor_on_its_own_thread(node: Node) -> None:
+    HostPool.configure(node, "own", 0)
+    pool = HostPool.of(node, "own")
+    for i in range(3):
+        pool.spawn(ThreadEcho, f"o{i}")
+    assert len({thread_of(node, f"o{i}") for i in range(3)}) == 3
+    assert pool.hosts() == []
+
+
+def test_a_hosted_actor_that_crashes_stops_alone_and_its_host_serves_on(node: Node) -> None:
+    HostPool.configure(node, "c", 1)
+    pool = HostPool.of(node, "c")
+    crasher = pool.spawn(Crasher, "crasher")
+    pool.spawn(ThreadEcho, "beside")
+    host_thread = thread_of(node, "beside")
+    assert thread_of(node, "crasher") == host_thread
+    crasher.tell("crash")
+    assert crasher.actor_stopped.wait(WAIT)
+    assert node.lookup("crasher") is None
+    with pytest.raises(NotDelivered):
+        node.request("n1/crasher", Echo(), timeout=WAIT)
+    assert thread_of(node, "beside") == host_thread  # its neighbour and its host live on
+    assert pool.hosts()[0].actor_ref.is_alive()
+    pool.spawn(ThreadEcho, "after")
+    assert thread_of(node, "after") == host_thread
+
+
+def test_an_actor_placed_from_a_hosts_thread_stays_on_that_host(node: Node) -> None:
+    HostPool.configure(node, "p", 2)
+    pool = HostPool.of(node, "p")
+    for name in ("a", "b"):
+        pool.spawn(Companion, name, pool=pool)
+    assert thread_of(node, "a") != thread_of(node, "b")
+    assert thread_of(node, "a.gate") == thread_of(node, "a")
+    assert thread_of(node, "b.gate") == thread_of(node, "b")
+
+
+def test_a_node_stop_stops_its_pools_and_all_they_host(node: Node) -> None:
+    HostPool.configure(node, "s", 3)
+    pool = HostPool.of(node, "s")
+    refs = [pool.spawn(ThreadEcho, f"s{i}") for i in range(6)]
+    assert refs[0].stop(block=True, timeout=WAIT) is True  # one stopped alone: the others serve
+    assert node.lookup("s0") is None and thread_of(node, "s1") > 0
+    hosts = pool.hosts()
+    node.stop()
+    assert not any(ref.is_alive() for ref in refs)
+    assert not any(host.actor_ref.is_alive() for host in hosts)

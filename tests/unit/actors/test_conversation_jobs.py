@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from peers.conversation_kit import WAIT, Env, call, env_fixture, text
 from peers.loop_kit import ManualClock, gone, read_pid
+from peers.people_kit import wait_until
 
 from actors.conversation import CancellationToken, ToolCallFinished, read_journal
 from actors.conversation.jobs import BackgroundJobManager, JobRunnerActor, injected_text
-from actors.conversation.messages import JobDone, JobInfo, StartJob
+from actors.conversation.messages import GetJob, JobDone, JobInfo, StartJob
 from actors.conversation.runtime import WakeupSlot
 from actors.conversation.types import CompletedJob, JobFinished, JobStarted, MessageAppended, TurnFinished
 from transport.node import Node
@@ -422,6 +423,11 @@ def test_a_job_that_finished_while_the_conversation_was_down_is_delivered_once_a
     with fifo.open("w") as release:  # the job ends now, with no conversation to tell
         release.write("go\n")
     job_id = next(iter(read_journal(crashed).loops.jobs_running))
+    # The runner has recorded the end before the resume asks (a hosted conversation resumes fast enough to
+    # ask while the job's process is still exiting: then it is running, a different case).
+    assert wait_until(
+        lambda: env.node.request(manager.address, GetJob(job_id=job_id), timeout=WAIT).state == "finished"
+    )
     rt2 = env.build(session_file=crashed)
     rt2.register_job_tools(manager)
     done = env.sink.wait_for(lambda e: isinstance(e, JobFinished) and e.job_id == job_id and not e.lost)
