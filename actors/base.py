@@ -30,7 +30,6 @@ import logging
 import queue
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -659,6 +658,7 @@ class HostingActor(BusActor):
 
     def __init__(self, node: Node, address: str, *, pool: HostPool) -> None:
         super().__init__(node, address)
+        self.generation = 0  # the how-manieth start of this host's name (HostPool.hosts)
         pool._joined(self)
 
     @property
@@ -681,9 +681,8 @@ class HostPool:
     started when the first actor is placed (and again if one has stopped). Size 0 means no pool: ``spawn``
     starts each actor on its own thread, as ``Node.spawn`` does."""
 
-    _pools: ClassVar[weakref.WeakKeyDictionary[Node, dict[str, HostPool]]] = weakref.WeakKeyDictionary()
-    _sizes: ClassVar[weakref.WeakKeyDictionary[Node, dict[str, int]]] = weakref.WeakKeyDictionary()
-    _lock: ClassVar[threading.Lock] = threading.Lock()
+    # Per-node state lives on the node (Node.shared): the pool table and the one start of each host are
+    # made once however many threads ask, with the node's lock, so this code needs none of its own (MB-01).
 
     def __init__(self, node: Node, kind: str, size: int) -> None:
         if size < 0:
@@ -692,7 +691,10 @@ class HostPool:
         self.kind = kind
         self.size = size
         self._hosts: dict[str, HostingActor] = {}  # name -> the hosting actor (joined in its __init__)
-        self._start = threading.Lock()
+
+    @staticmethod
+    def _sizes(node: Node) -> dict[str, int]:
+        return node.shared((HostPool, "sizes"), dict)
 
     @classmethod
     def configure(cls, node: Node, kind: str, size: int) -> None:
@@ -700,33 +702,41 @@ class HostPool:
         once the pool exists)."""
         if size < 0:
             raise ValueError(f"a host pool's size is 0 or more, not {size}")
-        with cls._lock:
-            cls._sizes.setdefault(node, {})[kind] = size
+        cls._sizes(node)[kind] = size
 
     @classmethod
     def of(cls, node: Node, kind: str) -> HostPool:
         """``node``'s pool for ``kind``, made on first use: of the configured size, else ``DEFAULT_HOSTS``."""
-        with cls._lock:
-            pools = cls._pools.setdefault(node, {})
-            pool = pools.get(kind)
-            if pool is None:
-                size = cls._sizes.get(node, {}).get(kind, DEFAULT_HOSTS)
-                pool = pools[kind] = HostPool(node, kind, size)
-            return pool
+        sizes = cls._sizes(node)  # not inside make: Node.shared's make must not call shared again
+        return node.shared(
+            (HostPool, "pool", kind), lambda: HostPool(node, kind, sizes.get(kind, DEFAULT_HOSTS))
+        )
 
     def _joined(self, host: HostingActor) -> None:
         self._hosts[host.name] = host
 
+    def _started(self, name: str, generation: int) -> HostingActor:
+        self.node.spawn(HostingActor, name, pool=self)
+        host = self._hosts[name]
+        host.generation = generation
+        return host
+
     def hosts(self) -> list[HostingActor]:
-        """The pool's running hosting actors, started (or restarted) as needed."""
-        with self._start:
-            for i in range(self.size):
-                name = f"{self.kind}-host.{i}"
-                host = self._hosts.get(name)
-                if host is None or host.actor_stopped.is_set():
-                    self._hosts.pop(name, None)
-                    self.node.spawn(HostingActor, name, pool=self)
-            return [self._hosts[f"{self.kind}-host.{i}"] for i in range(self.size)]
+        """The pool's running hosting actors, started (or restarted) as needed: each start happens once, the
+        key naming its generation."""
+        running = []
+        for i in range(self.size):
+            name = f"{self.kind}-host.{i}"
+            host = self._hosts.get(name)
+            if host is None or host.actor_stopped.is_set():
+                generation = 1 if host is None else host.generation + 1
+
+                def start(name: str = name, generation: int = generation) -> HostingActor:
+                    return self._started(name, generation)
+
+                host = self.node.shared((HostPool, "host", self.kind, name, generation), start)
+            running.append(host)
+        return running
 
     def spawn(self, actor_class: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         """Start ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` on the pool's host with

@@ -23,8 +23,8 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pykka
 import zmq
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from transport.capture import CaptureWriter, RecordKind
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
@@ -210,6 +211,8 @@ class Node:
         self._tls = threading.local()
         self._channels: list[Channel] = []
         self._channels_lock = threading.Lock()
+        self._shared: dict[Hashable, Any] = {}  # see shared()
+        self._shared_lock = threading.Lock()
         self._io: IoThread | None = None
         self._running = False
         self.endpoints: tuple[str, ...] = ()
@@ -401,6 +404,19 @@ class Node:
 
     def lookup(self, name: str) -> ActorRefLike | None:
         return self._actors.get(name)
+
+    def shared(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """The node's one value for ``key``, made by ``make()`` the first time any thread asks (once, however
+        many ask at the same moment). For the layers above that keep per-node state many threads reach (the
+        host pools in ``actors/base.py``): the lock such state needs is plumbing, so it lives here and the
+        actors stay lock-free (MB-01). ``make`` runs under that lock: keep it short, and never call
+        ``shared`` from inside it."""
+        with self._shared_lock:
+            try:
+                return self._shared[key]  # type: ignore[no-any-return]
+            except KeyError:
+                value = self._shared[key] = make()
+                return value
 
     def actors(self) -> tuple[str, ...]:
         return tuple(self._actors)
