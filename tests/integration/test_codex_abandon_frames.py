@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from peers.codex_support import start_model_server, weather_config
 
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter, Turn
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter, Turn
 from actors.codex.messages import Abandon
 from actors.codex.types import Done, ToolCallEvent
 from actors.nodes import registry

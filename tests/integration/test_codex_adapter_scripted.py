@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
-import actors.codex.actor as codex_actor
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+import actors.codex.child as codex_child
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
 from actors.nodes import registry
 from transport.errors import Expired
@@ -187,7 +187,7 @@ def test_a_child_that_ignores_the_close_is_killed_after_the_reap_timeout(
     tmp_path: Path, make_node: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """AD-17: close ends even when the child ignores the EOF on its stdin: it is killed REAP_TIMEOUT later."""
-    monkeypatch.setattr(codex_actor, "REAP_TIMEOUT", 0.3)
+    monkeypatch.setattr(codex_child, "REAP_TIMEOUT", 0.3)
     exe, log = scripted(tmp_path, "ignore-eof")
     node = make_node("ignore", registry=registry())
     adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)

@@ -13,8 +13,8 @@ import signal
 import sys
 import threading
 
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from actors.nodes import registry
 from transport import Node

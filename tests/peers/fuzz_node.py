@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from actors.conversation import ConversationRuntime, ToolRegistry
 from actors.echo import EchoActor
