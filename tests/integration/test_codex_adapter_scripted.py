@@ -12,8 +12,10 @@ import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
 import actors.codex.child as codex_child
+from actors.codex.actor import CodexAdapterActor
 from actors.codex.child import LaunchOptions
 from actors.codex.facade import Adapter
+from actors.codex.messages import AwaitOpen, Release
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
 from actors.nodes import registry
 from transport.errors import Expired
@@ -209,6 +211,25 @@ def test_the_last_terminal_event_after_the_child_exited_reaches_its_caller(tmp_p
     event = turn.next_event(timeout=T)
     assert isinstance(event, ErrorEvent) and event.error.kind is ErrorKind.UNAVAILABLE
     assert turn.next_event(timeout=T) is None
+
+
+def test_the_last_release_during_the_handshake_fails_the_opener_and_reaps_the_child(
+    tmp_path: Path, make_node: Any
+) -> None:
+    """AD-05, AD-17: the opener's handle released while ``initialize`` is unanswered (``mute``): the waiting
+    opener gets UNAVAILABLE at once, not a timeout; the release is answered once the child is reaped."""
+    exe, log = scripted(tmp_path, "mute")
+    node = make_node("mute", registry=registry())
+    node.spawn(CodexAdapterActor, "codex", config=weather_config(tmp_path, exe), handle="opener")
+    address = f"{node.name}/codex"
+    opened = node.request_future(address, AwaitOpen(), timeout=T)
+    node.request(address, Release(handle="opener"), timeout=T)
+    with pytest.raises(AdapterError) as err:
+        opened.result(T)
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert "closed" in err.value.message
+    assert [f.get("method") for f in frames(log)] == ["initialize"]
+    assert codex_children() == []
 
 
 def _drain(turn: Any) -> list[Any]:
