@@ -36,12 +36,7 @@ ACTOR_ROOMS: dict[str, frozenset[str]] = {
     "app": frozenset({"base", "codex", "router", "inference", "runs", "conversation", "app"}),
 }
 # Imports that break the table today, each waiting for its fix under issue 15. Empty is the goal.
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
-    {  # the codex facade builds its private node with the whole registry (the codex package rework)
-        ("actors/codex/adapter.py", "actors.app.wiring"),
-        ("actors/codex/adapter.py", "actors.app.wiring.registry"),
-    }
-)
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 # Module circles that exist today, each waiting for its fix under issue 15. Empty is the goal.
 KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset(
     {
@@ -49,15 +44,6 @@ KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset(
         frozenset(
             {"transport.io_thread", "transport.node"}
         ),  # the I/O thread reads the node's private fields
-        frozenset(  # the codex facade's registry, see KNOWN_UPWARD
-            {
-                "actors.app.wiring",
-                "actors.codex.adapter",
-                "actors.router.actor",
-                "actors.router.providers",
-                "actors.router.providers.codex",
-            }
-        ),
     }
 )
 MSGPACK_OWNERS = frozenset({"transport/codec.py", "transport/capture.py"})
@@ -223,14 +209,18 @@ def test_actor_rooms_import_only_what_their_row_allows() -> None:
 
 def module_graph() -> dict[str, set[str]]:
     """First-party module -> the first-party modules it imports (every form; a name imported from a module
-    counts as that module)."""
+    counts as that module). ``from package import submodule`` counts as the submodule only: a package's
+    ``__init__`` is imported before any of its modules anyway, so that edge is no circle of its own."""
     names = {module_name(p): p for p in source_files()}
     graph: dict[str, set[str]] = {name: set() for name in names}
     for name, path in names.items():
-        for _, module in imported_modules(path):
+        by_line: dict[int, set[str]] = {}
+        for line, module in imported_modules(path):
             target = module if module in names else module.rpartition(".")[0]
             if target in names and target != name:
-                graph[name].add(target)
+                by_line.setdefault(line, set()).add(target)
+        for targets in by_line.values():
+            graph[name] |= {t for t in targets if not any(o.startswith(t + ".") for o in targets)}
     return graph
 
 

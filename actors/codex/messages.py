@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from actors.codex.types import CODEX_TYPE_ERRORS, CODEX_TYPES
-from actors.types import TokenUsage, ToolResult
+from actors.types import AGENT_TYPES, TokenUsage, ToolResult
+from transport.codec import Registry
+from transport.errors import ErrorRegistry
+from transport.messages import SYSTEM_MESSAGES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,3 +137,14 @@ CODEX_MESSAGES = (
     TurnUsageReply,
 )
 CODEX_ERRORS = CODEX_TYPE_ERRORS
+
+
+def codex_registry(max_body_bytes: int = 1 << 20) -> Registry:
+    """What a node that hosts only Codex adapters speaks (the facades' private node): the system messages,
+    the shared value types and this package's messages and errors. The application's wiring merges
+    ``CODEX_MESSAGES`` / ``CODEX_ERRORS`` into its own table instead."""
+    return Registry(
+        (*SYSTEM_MESSAGES, *AGENT_TYPES, *CODEX_MESSAGES),
+        ErrorRegistry().extended(CODEX_ERRORS),
+        max_body_bytes=max_body_bytes,
+    )

@@ -7,6 +7,7 @@ node's capture (``actors/codex/actor.py``), so the capture is the exact list of 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,8 @@ import pytest
 from peers.codex_support import start_model_server, weather_config
 
 from actors.app.wiring import registry
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter, Turn
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter, Turn
 from actors.codex.messages import Abandon
 from actors.codex.types import Done, ToolCallEvent
 from transport import Node
@@ -25,6 +26,7 @@ from transport.capture import CaptureWriter, iter_records
 pytestmark = pytest.mark.integration
 
 T = 30.0
+DELIVERY_WAIT = 90.0  # the whole wait for one child line to reach the actor
 SCRIPT = [
     {"text": ["hi"]},  # turn k1
     {"text": ["hi"]},  # turn k2
@@ -47,7 +49,10 @@ def until_delivered(node: Node, log: Path, needle: bytes) -> None:
     """Until the adapter actor has taken in a child output line holding ``needle`` (its capture records a
     delivery as the actor starts handling it, so anything asked after this is handled after it)."""
     assert node.capture is not None
-    for _ in range(2000):  # bounded; each look waits for the capture's writer
+    # Bounded by time, not by a count of looks: under load codex may take longer than 2,000 looks (that
+    # was this test's flake, issue 18); each look waits for the capture's writer to flush.
+    deadline = time.monotonic() + DELIVERY_WAIT
+    while time.monotonic() < deadline:
         node.capture.flush(T)
         if any(
             r.at == "deliver" and r.actor == "cx/codex" and needle in r.frames[1] for r in iter_records(log)

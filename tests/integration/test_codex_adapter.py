@@ -19,8 +19,8 @@ from peers.codex_support import (
     weather_config,
 )
 
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter, Turn
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter, Turn
 from actors.codex.types import (
     AdapterError,
     CodexToolCall,
@@ -401,7 +401,7 @@ def test_two_pending_calls_are_answered_in_any_order(open_adapter: Any, model: A
 
 LEAKED_HANDLE = """
 import os, sys
-from actors.codex.adapter import Adapter
+from actors.codex.facade import Adapter
 from actors.codex.binary import find_codex
 from actors.codex.types import AdapterConfig
 

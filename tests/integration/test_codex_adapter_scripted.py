@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from peers.codex_support import PEERS, codex_children, weather_config
 
-import actors.codex.actor as codex_actor
+import actors.codex.child as codex_child
 from actors.app.wiring import registry
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+from actors.codex.actor import CodexAdapterActor
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
+from actors.codex.messages import AwaitOpen, Release
 from actors.codex.types import AdapterError, Done, ErrorEvent, ErrorKind, TextDelta
 from transport.errors import Expired
 
@@ -187,7 +189,7 @@ def test_a_child_that_ignores_the_close_is_killed_after_the_reap_timeout(
     tmp_path: Path, make_node: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """AD-17: close ends even when the child ignores the EOF on its stdin: it is killed REAP_TIMEOUT later."""
-    monkeypatch.setattr(codex_actor, "REAP_TIMEOUT", 0.3)
+    monkeypatch.setattr(codex_child, "REAP_TIMEOUT", 0.3)
     exe, log = scripted(tmp_path, "ignore-eof")
     node = make_node("ignore", registry=registry())
     adapter = Adapter.open(weather_config(tmp_path, exe), bus=node, timeout=T)
@@ -209,6 +211,25 @@ def test_the_last_terminal_event_after_the_child_exited_reaches_its_caller(tmp_p
     event = turn.next_event(timeout=T)
     assert isinstance(event, ErrorEvent) and event.error.kind is ErrorKind.UNAVAILABLE
     assert turn.next_event(timeout=T) is None
+
+
+def test_the_last_release_during_the_handshake_fails_the_opener_and_reaps_the_child(
+    tmp_path: Path, make_node: Any
+) -> None:
+    """AD-05, AD-17: the opener's handle released while ``initialize`` is unanswered (``mute``): the waiting
+    opener gets UNAVAILABLE at once, not a timeout; the release is answered once the child is reaped."""
+    exe, log = scripted(tmp_path, "mute")
+    node = make_node("mute", registry=registry())
+    node.spawn(CodexAdapterActor, "codex", config=weather_config(tmp_path, exe), handle="opener")
+    address = f"{node.name}/codex"
+    opened = node.request_future(address, AwaitOpen(), timeout=T)
+    node.request(address, Release(handle="opener"), timeout=T)
+    with pytest.raises(AdapterError) as err:
+        opened.result(T)
+    assert err.value.kind is ErrorKind.UNAVAILABLE
+    assert "closed" in err.value.message
+    assert [f.get("method") for f in frames(log)] == ["initialize"]
+    assert codex_children() == []
 
 
 def _drain(turn: Any) -> list[Any]:

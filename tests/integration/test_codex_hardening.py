@@ -27,8 +27,8 @@ from peers.turn_io import RecordingTurnIO
 
 from actors.app.wiring import registry
 from actors.codex import homes
-from actors.codex.adapter import Adapter
 from actors.codex.binary import find_codex
+from actors.codex.facade import Adapter
 from actors.codex.messages import Release
 from actors.codex.types import AdapterError, DynamicTool, ErrorKind, validate_config
 from actors.router.actor import CALL_KTOOL_PARAMETERS
@@ -214,7 +214,7 @@ def test_opening_an_adapter_removes_the_home_a_killed_owner_left(
         script = (
             "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
             "from peers.codex_support import weather_config;"
-            "from actors.codex.adapter import Adapter; from actors.codex.actor import LaunchOptions;"
+            "from actors.codex.facade import Adapter; from actors.codex.child import LaunchOptions;"
             "a = Adapter.open(weather_config(Path(sys.argv[2])),"
             " launch=LaunchOptions(model_base_url=sys.argv[3]), timeout=30); a.close()"
         )

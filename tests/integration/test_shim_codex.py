@@ -18,9 +18,9 @@ import pytest
 from peers.codex_support import ModelServer, function_outputs, start_model_server, weather_config
 
 from actors.app.wiring import registry
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
 from actors.codex.binary import find_codex
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.shim import LaunchRejected, Shim, ShimBox, ShimText
 from actors.codex.types import ASYNC_TOOL_ACKNOWLEDGEMENT, AdapterError, CodexToolCall, ErrorKind, TextDelta
 from transport import Peer

@@ -14,8 +14,8 @@ import sys
 import threading
 
 from actors.app.wiring import registry
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from transport import Node
 from transport.capture import CaptureWriter

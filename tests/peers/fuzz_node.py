@@ -23,8 +23,8 @@ from typing import Any
 
 from actors.app.echo import EchoActor
 from actors.app.wiring import registry
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from actors.conversation import ConversationRuntime, ToolRegistry
 from actors.router.actor import RouterActor

@@ -46,9 +46,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from actors.codex.actor import LaunchOptions
-from actors.codex.adapter import Adapter, Turn
 from actors.codex.binary import find_codex
+from actors.codex.child import LaunchOptions
+from actors.codex.facade import Adapter, Turn
 from actors.codex.types import (
     AdapterConfig,
     AdapterError,

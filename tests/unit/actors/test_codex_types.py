@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from actors.app.wiring import registry
-from actors.codex import adapter as adapter_module
-from actors.codex.actor import LaunchOptions, child_argv
+from actors.codex import facade as adapter_module
+from actors.codex.child import LaunchOptions, child_argv
 from actors.codex.messages import CODEX_MESSAGES
 from actors.codex.types import (
     ASYNC_TOOL_ACKNOWLEDGEMENT,

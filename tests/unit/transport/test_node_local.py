@@ -721,8 +721,16 @@ def test_actors_contain_no_locks() -> None:
 
     Provider clients (actors/router/providers/) are exempt: they are not actors but the blocking code the
     Router runs on worker threads, where a lock around a non-thread-safe library (llama.cpp) is right.
+    So is the codex facade's lock that makes one private node per process: facades run on the caller's
+    threads, not in an actor.
     """
-    files = sorted(p for p in ACTORS_DIR.rglob("*.py") if "providers" not in p.relative_to(ACTORS_DIR).parts)
+    exempt = {"codex/facade.py"}
+    files = sorted(
+        p
+        for p in ACTORS_DIR.rglob("*.py")
+        if "providers" not in p.relative_to(ACTORS_DIR).parts
+        and p.relative_to(ACTORS_DIR).as_posix() not in exempt
+    )
     assert files, ACTORS_DIR
     found = [use for path in files for use in lock_uses(path.read_text(encoding="utf-8"), path.name)]
     assert not found, "\n".join(found)

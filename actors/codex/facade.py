@@ -1,5 +1,7 @@
 """The Codex adapter's facades: ``Adapter`` and ``Turn`` (RULES.md Appendix C.2), usable from any thread of
 any process on the bus; the state lives in one ``CodexAdapterActor`` per child (``actors.codex.actor``).
+``bus=None`` runs the actor on a private node made once per process (the codex package's own registry,
+``messages.codex_registry``: no Router, no application wiring).
 
 Signatures (C.2, with these additions and nothing removed):
 
@@ -32,11 +34,13 @@ import contextlib
 import itertools
 import os
 import secrets
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from actors.codex.actor import CodexAdapterActor, LaunchOptions
+from actors.codex.actor import CodexAdapterActor
+from actors.codex.child import LaunchOptions
 from actors.codex.messages import (
     Abandon,
     AwaitOpen,
@@ -50,6 +54,7 @@ from actors.codex.messages import (
     TurnStarted,
     TurnUsage,
     TurnUsageReply,
+    codex_registry,
 )
 from actors.codex.types import (
     AdapterConfig,
@@ -69,18 +74,17 @@ from transport.pending import chained, forbid_blocking
 DEFAULT_TIMEOUT = 60.0
 _names = itertools.count(1)
 _private: list[Node] = []  # the process's private node for ``bus=None`` (made once, on first use)
+# Not an actor: any thread may open the first adapter, so a lock makes exactly one private node.
+_private_lock = threading.Lock()
 
 
 def _private_node() -> Node:
-    """No lock (MB-01): two threads opening the very first adapter at once may each start a node; the
-    first one appended is used from then on, and any other stays idle until exit."""
-    if not _private or not _private[0].running:
-        from actors.app.wiring import registry
-
-        node = Node(f"codex-{os.getpid()}-{next(_names)}", registry=registry()).start()
-        atexit.register(node.stop)
-        _private.insert(0, node)
-    return _private[0]
+    with _private_lock:
+        if not _private or not _private[0].running:
+            node = Node(f"codex-{os.getpid()}-{next(_names)}", registry=codex_registry()).start()
+            atexit.register(node.stop)
+            _private.insert(0, node)
+        return _private[0]
 
 
 class _PrivateCodexAdapterActor(CodexAdapterActor):
