@@ -501,7 +501,7 @@ class RouterActor(BusActor):
         provider with only a blocking ``run_turn``)."""
         bound = self._idle_bound + self._lost_after + self._tick_s
         ref = self.actor_ref
-        placement = getattr(provider, "placement", "pool") if hasattr(provider, "steps") else "pool"
+        placement = getattr(provider, "placement", "pool") if _stepped(provider) else "pool"
         if placement == "inline":
             inline = self._inline
             io = WorkerIO(
@@ -515,7 +515,7 @@ class RouterActor(BusActor):
             )
             return io, lambda start: inline.add(op, start())
         worker = provider.turn_host() if placement == "owner" else self._pool.pick()  # type: ignore[attr-defined]
-        stepped = hasattr(provider, "steps")
+        stepped = _stepped(provider)
         io = WorkerIO(
             ref,
             op,
@@ -531,9 +531,8 @@ class RouterActor(BusActor):
 
     @staticmethod
     def _steps(provider: Provider, request: TurnRequest, io: WorkerIO) -> TurnSteps:
-        steps = getattr(provider, "steps", None)
-        if steps is not None:
-            stepped: TurnSteps = steps(request, io)
+        if _stepped(provider):
+            stepped: TurnSteps = provider.steps(request, io)  # type: ignore[attr-defined]
             return stepped
         return _blocking(provider, request, io)
 
@@ -1034,6 +1033,18 @@ class _CancelInline:
     """Throw the cancel into a turn this actor hosts, after the handler that settled it."""
 
     operation_id: uuid.UUID
+
+
+def _stepped(provider: Provider) -> bool:
+    """Whether the Router steps the provider's turns (``steps``): not when a subclass overrides the
+    blocking ``run_turn`` below the class that defines ``steps`` (that override is then what runs, on the
+    pool)."""
+    for klass in type(provider).__mro__:
+        if "steps" in vars(klass):
+            return True
+        if "run_turn" in vars(klass):
+            return False
+    return False
 
 
 def _blocking(provider: Provider, request: TurnRequest, io: WorkerIO) -> TurnSteps:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from integration.test_provider_local import request, run_bounded
+from peers.turn_io import RecordingTurnIO
 
 from actors.nodes import registry
 from actors.router.actor import RouterActor
@@ -19,10 +21,7 @@ from actors.router.messages import StartTurn, TurnCancelled, TurnCompleted, Turn
 from actors.router.providers.base import ProviderEvent, ProviderOutcome, TextDelta
 from actors.router.providers.local import LocalProvider
 from actors.router.stepping import GetWorkerStats, WorkerStats
-from peers.turn_io import RecordingTurnIO
 from transport import Node
-
-from integration.test_provider_local import request, run_bounded
 
 pytestmark = pytest.mark.integration
 
