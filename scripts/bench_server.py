@@ -33,7 +33,7 @@ from actors.app.echo import EchoActor
 from actors.app.wiring import registry
 from actors.base import BusActor, Context
 from actors.router.actor import RouterActor
-from actors.router.providers.base import ProviderOutcome, TurnIO, TurnRequest
+from actors.router.providers.base import TurnIO, TurnRequest, TurnSteps
 from actors.router.providers.scripted import ScriptedProvider
 from actors.runs.session import HostActor
 from transport import KeyPair, Node, Security
@@ -54,9 +54,9 @@ class BenchScripted(ScriptedProvider):
     Used by scripts/bench both here (through the Router) and directly in the bench process, so both
     sides run exactly the same provider code."""
 
-    def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+    def steps(self, request: TurnRequest, io: TurnIO) -> TurnSteps:
         self.add(bench_script(request.messages[-1].content))
-        return super().run_turn(request, io)
+        return super().steps(request, io)
 
 
 def bench_script(spec: str) -> list[dict[str, Any]]:

@@ -1,8 +1,11 @@
 """The Router actor: the sole owner of providers, credentials, the model catalog, cancellation lineage and
 canonical receipts (seed 000: ``kcode_intelligence_router``; RULES.md RT-*, A.2).
 
-Each provider turn runs on a worker thread of its own and reports back through this actor's mailbox, so
-the Router keeps answering while tokens stream. Per turn it keeps a queue of events; a ``NextTurnEvent``
+No provider turn has a thread of its own (stepping.py): a turn is a generator that an actor steps, one
+step per mailbox message. The scripted model's turns run on this actor's own thread; the local model's on
+the one actor that owns the model (its mailbox is their queue); blocking HTTP providers' on a pool of at
+most ``turn_workers`` worker actors. A hosted turn reports back through this actor's mailbox, so the Router
+keeps answering while tokens stream. Per turn it keeps a queue of events; a ``NextTurnEvent``
 with nothing queued is answered later (the request is deferred, never waited on). Every turn gets exactly
 one ``UsageReceipt`` on every path (completed, failed, unavailable, cancelled/interrupted, timed out),
 written to the SQLite ledger before anyone hears of it; asking again returns the same receipt.
@@ -10,7 +13,7 @@ written to the SQLite ledger before anyone hears of it; asking again returns the
 Durability (DESIGN.md 4a; the ledger's docstring has the details):
 
 - **Intent before effect.** With a data dir, a turn's ``open`` row (ids, user, model, provider, round,
-  start time, this Router's incarnation) is committed before its worker thread starts; settling turns that
+  start time, this Router's incarnation) is committed before its provider runs; settling turns that
   row into the receipt. A Router starting on a data dir first turns every open row of a dead incarnation
   into one ``interrupted`` receipt, before it serves anything. Usage streamed so far is staged and written
   with the next ledger write, on each housekeeping tick and before a tool call is reported.
@@ -44,10 +47,10 @@ import json
 import logging
 import math
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,7 @@ from actors.router.messages import (
     TurnUsage,
 )
 from actors.router.providers.base import (
+    CLOSED,
     ChatMessage,
     NativeToolCall,
     Provider,
@@ -101,10 +105,21 @@ from actors.router.providers.base import (
     ToolCallRequested,
     ToolSpec,
     TurnRequest,
+    TurnSteps,
     UsageUpdate,
     estimate_tokens,
 )
 from actors.router.receipts import Intent, ReceiptLedger
+from actors.router.stepping import (
+    STEP,
+    CancelTurn,
+    HostTurn,
+    ResumeTurn,
+    RunCall,
+    Step,
+    TurnHost,
+    TurnPool,
+)
 from actors.router.turns import (
     FINISHED_GRACE_S,
     OWNER_GONE,
@@ -161,6 +176,7 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 
 
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
+TURN_WORKERS = 4  # worker actors for blocking providers (the pool), started as turns need them
 MAX_TURN_TIMEOUT_S = 7 * 24 * 3600.0  # the longest StartTurn.timeout_s: a week (a typed error past it)
 
 
@@ -179,10 +195,11 @@ class RouterActor(BusActor):
     ``owner_lost_after_s`` silence after which an owner whose heartbeat failed is gone;
     ``owner_idle_bound_s`` the longest a turn waits on a live owner; ``finished_grace_s`` how long an ended
     turn nobody reads stays in memory; ``recent_receipts`` (a count) receipts kept in memory without a
-    data dir. ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests;
+    data dir; ``turn_workers`` (a count) the most worker actors that host blocking providers' turns.
+    ``monotonic``, ``clock_ms``, ``ticker`` and ``new_operation_id`` are injectable for tests;
     by default they are the determinism seams of transport/replay.py (recorded in a capture, served on a
     replay), and the provider events, timeouts, token counts and ticks that reach the mailbox are recorded
-    as mailbox effects, so a replay runs no provider (replaying: no worker, timer or ticker thread).
+    as mailbox effects, so a replay runs no provider (replaying: no turn is hosted, no timer or ticker).
     """
 
     DIRECT = True
@@ -206,6 +223,7 @@ class RouterActor(BusActor):
         owner_idle_bound_s: float = OWNER_IDLE_BOUND_S,
         finished_grace_s: float = FINISHED_GRACE_S,
         recent_receipts: int = RECENT_RECEIPTS,
+        turn_workers: int = TURN_WORKERS,
     ) -> None:
         super().__init__(node, address)
         self.catalog = catalog or DEFAULT_CATALOG
@@ -236,6 +254,14 @@ class RouterActor(BusActor):
         self._recent: collections.OrderedDict[uuid.UUID, UsageReceipt] = collections.OrderedDict()
         self._recovered = 0
         self._stop_ticker: Callable[[], None] | None = None
+        self._pool = TurnPool(turn_workers, f"{self.name}-worker")
+        ref = self.actor_ref
+        # The turns this actor steps itself ("inline" providers); their events are handled as they happen.
+        self._inline = TurnHost(
+            wake=lambda: _tell_quietly(ref, STEP),
+            finish=lambda op, outcome, error: self._own(Finished(op, outcome, error)),
+            later=self._later,
+        )
 
     # ------------------------------------------------------------------------------------- lifecycle
     def on_start(self) -> None:
@@ -271,6 +297,8 @@ class RouterActor(BusActor):
                     self._settle(turn, "interrupted", "the Router stopped")
                 except Exception:  # its open row stays: the next Router accounts it
                     log.exception("%s: settling %s at stop failed", self.address, turn.operation_id)
+        self._inline.cancel_all()  # their ends are ignored: every turn is settled
+        self._pool.stop(timeout=5.0)
         for provider in self._providers.values():
             try:
                 provider.close()
@@ -342,8 +370,22 @@ class RouterActor(BusActor):
             log.exception("%s: handling %s failed", self.address, type(message).__name__)
             return None
 
+    def _own(self, message: Any) -> None:
+        """A message of a turn this actor hosts, handled at once (recorded as ``on_local`` records it)."""
+        self.on_local(message)
+
+    def _later(self, seconds: float, fn: Callable[[], None]) -> None:
+        ref = self.actor_ref
+        self.node.call_at(self.node.monotonic() + seconds, lambda: _tell_quietly(ref, _Later(fn)))
+
     def _on_local(self, message: Any) -> Any:
         match message:
+            case Step():
+                self._inline.step()
+            case _Later(fn=fn):
+                fn()
+            case _CancelInline(operation_id=op):
+                self._inline.cancel(op)
             case Emitted(operation_id=op, event=event):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
@@ -360,6 +402,7 @@ class RouterActor(BusActor):
             case TimedOut(operation_id=op):
                 turn = self._turns.get(op)
                 if turn is not None and not turn.done:
+                    turn.timer = None  # it has fired
                     turn.io.cancel()
                     self._fail(
                         turn, "timed_out", TurnTimedOut, f"no completion within {turn.spec.timeout_s}s"
@@ -409,7 +452,7 @@ class RouterActor(BusActor):
                 raise TurnNotStarted(
                     f"the turn's intent could not be recorded: {exc}"[:500], kind="ledger"
                 ) from exc
-        io = WorkerIO(self.actor_ref, op, self._idle_bound + self._lost_after + self._tick_s)
+        io, host = self._hosting(provider, op)
         owner = ctx.header.src
         turn = Turn(
             op,
@@ -438,29 +481,60 @@ class RouterActor(BusActor):
             # The provider entry's options configured its client already; per-turn overrides go here.
         )
         ref = self.actor_ref
-
-        def work() -> None:
-            try:
-                outcome = provider.run_turn(request, io)
-            except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
-                _tell_quietly(ref, Finished(op, None, exc))  # the Router may have stopped meanwhile
-            else:
-                _tell_quietly(ref, Finished(op, outcome, None))
-
-        thread = threading.Thread(target=work, name=f"kbus-turn-{op}", daemon=True)
         try:
             if not replaying(self.node):  # a replay's provider events come from the log
-                thread.start()
-        except RuntimeError as exc:  # no thread to be had: the intent is settled, nothing ran
+                host(lambda: self._steps(provider, request, io))
+        except RuntimeError as exc:  # no worker to be had: the intent is settled, nothing ran
             self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
             self._release(turn)
             assert turn.failure is not None
             raise turn.failure from exc
         if spec.timeout_s is not None and not replaying(self.node):
-            turn.timer = threading.Timer(spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op)))
-            turn.timer.daemon = True
-            turn.timer.start()
+            turn.timer = self.node.call_at(
+                self.node.monotonic() + spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op))
+            )
         return TurnStarted(operation_id=op, model=resolved)
+
+    def _hosting(self, provider: Provider, op: uuid.UUID) -> tuple[WorkerIO, Callable[[Any], None]]:
+        """The turn's IO and how to host it (called with a function making its steps): on this actor
+        (``"inline"``), on the provider's own actor (``"owner"``), or on a pool worker (``"pool"``, and any
+        provider with only a blocking ``run_turn``)."""
+        bound = self._idle_bound + self._lost_after + self._tick_s
+        ref = self.actor_ref
+        placement = getattr(provider, "placement", "pool") if _stepped(provider) else "pool"
+        if placement == "inline":
+            inline = self._inline
+            io = WorkerIO(
+                ref,
+                op,
+                bound,
+                emit_to=self._own,
+                resume=lambda call_id, result: inline.resume(op, call_id, result),
+                # After the handler that cancels has settled the turn: its end is then ignored.
+                on_cancel=lambda: _tell_quietly(ref, _CancelInline(op)),
+            )
+            return io, lambda start: inline.add(op, start())
+        worker = provider.turn_host() if placement == "owner" else self._pool.pick()  # type: ignore[attr-defined]
+        stepped = _stepped(provider)
+        io = WorkerIO(
+            ref,
+            op,
+            bound,
+            resume=(lambda c, r: _tell_quietly(worker, ResumeTurn(op, c, r))) if stepped else None,
+            on_cancel=lambda: _tell_quietly(worker, CancelTurn(op)),
+        )
+
+        def finish(done: uuid.UUID, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
+            _tell_quietly(ref, Finished(done, outcome, error))  # the Router may have stopped meanwhile
+
+        return io, lambda start: worker.tell(HostTurn(op, start, finish))
+
+    @staticmethod
+    def _steps(provider: Provider, request: TurnRequest, io: WorkerIO) -> TurnSteps:
+        if _stepped(provider):
+            stepped: TurnSteps = provider.steps(request, io)  # type: ignore[attr-defined]
+            return stepped
+        return _blocking(provider, request, io)
 
     def _heartbeat_of(self, owner: str) -> tuple[str, Any] | None:
         """How to hear from a turn's owner: an actor answers ``Ping`` from its own mailbox; a plain client
@@ -490,15 +564,17 @@ class RouterActor(BusActor):
             counts = tape.counts(self.address)
             if counts is not None:
                 return TokenCount(counts=counts, exact=True)
-        counter = getattr(self._provider(provider_entry), "count_tokens", None)
+        provider = self._provider(provider_entry)
+        counter = getattr(provider, "count_tokens", None)
         if counter is None:
             return TokenCount(counts=tuple(estimate_tokens(t) for t in texts), exact=False)
         ref = self.actor_ref
 
-        def work() -> None:
-            try:
-                counts = tuple(int(n) for n in counter(texts))
-            except Exception as exc:  # noqa: BLE001 - reported to the caller as a typed error
+        def count() -> tuple[int, ...]:
+            return tuple(int(n) for n in counter(texts))
+
+        def done(counts: Any, exc: BaseException | None) -> None:
+            if exc is not None:
                 error = ProviderFailed(f"counting tokens failed: {exc}"[:500], kind="failed")
                 error.__cause__ = exc
                 _tell_quietly(ref, Counted(ctx, None, error))
@@ -506,7 +582,10 @@ class RouterActor(BusActor):
                 _tell_quietly(ref, Counted(ctx, counts, None))
 
         if not replaying(self.node):
-            threading.Thread(target=work, name="kbus-count-tokens", daemon=True).start()
+            # On the actor that owns the tokenizer (it may load a model file first), else a pool worker.
+            owner = getattr(provider, "turn_host", None)
+            worker = owner() if owner is not None else self._pool.pick()
+            worker.tell(RunCall(count, done))
         return DEFER
 
     def _messages(self, spec: StartTurn) -> tuple[ChatMessage, ...]:
@@ -574,7 +653,8 @@ class RouterActor(BusActor):
 
     def _on_finished(self, turn: Turn, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
         if turn.timer is not None:
-            turn.timer.cancel()
+            self.node.cancel_call(turn.timer)
+            turn.timer = None
         if outcome is not None:
             usage = outcome.usage or turn.usage
             turn.usage = usage
@@ -590,9 +670,7 @@ class RouterActor(BusActor):
                 ),
             )
             return
-        from actors.router.providers.scripted import StreamClosed
-
-        if isinstance(error, StreamClosed):
+        if isinstance(error, ProviderError) and error.kind == CLOSED:
             turn.closed = True
             self._queue(turn, TurnClosed())  # no receipt yet: finish_unavailable accounts for it (SI-09)
             return
@@ -727,7 +805,8 @@ class RouterActor(BusActor):
         if turn.receipt is not None:
             return turn.receipt
         if turn.timer is not None:
-            turn.timer.cancel()
+            self.node.cancel_call(turn.timer)
+            turn.timer = None
         now = self._clock_ms()
         usage = turn.usage
         prices = turn.prices
@@ -867,7 +946,8 @@ class RouterActor(BusActor):
         if self._turns.pop(op, None) is None:
             return
         if turn.timer is not None:
-            turn.timer.cancel()
+            self.node.cancel_call(turn.timer)
+            turn.timer = None
         late = TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
         for ctx in ([turn.stream] if turn.stream is not None else []) + turn.waiting:
             if not ctx.done:
@@ -939,6 +1019,38 @@ class RouterActor(BusActor):
         if ctx is not None and ctx.header.src == turn.owner:
             turn.owner_seen, turn.ping_failed = self._monotonic(), False  # the owner's own request
         return turn
+
+
+@dataclass(frozen=True, slots=True)
+class _Later:
+    """A timer of a turn this actor hosts (a scripted delay) is due: run ``fn`` here."""
+
+    fn: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _CancelInline:
+    """Throw the cancel into a turn this actor hosts, after the handler that settled it."""
+
+    operation_id: uuid.UUID
+
+
+def _stepped(provider: Provider) -> bool:
+    """Whether the Router steps the provider's turns (``steps``): not when a subclass overrides the
+    blocking ``run_turn`` below the class that defines ``steps`` (that override is then what runs, on the
+    pool)."""
+    for klass in type(provider).__mro__:
+        if "steps" in vars(klass):
+            return True
+        if "run_turn" in vars(klass):
+            return False
+    return False
+
+
+def _blocking(provider: Provider, request: TurnRequest, io: WorkerIO) -> TurnSteps:
+    """A provider with only a blocking ``run_turn``, as one step (it waits in ``io.wait_result``)."""
+    yield from ()  # a generator with no yield: it runs run_turn at its first step
+    return provider.run_turn(request, io)
 
 
 def _tell_quietly(ref: Any, message: Any) -> None:

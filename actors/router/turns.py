@@ -1,8 +1,9 @@
 """A Router turn's state and the provider's view of it: the pieces of ``RouterActor`` that hold no actor.
 
 ``Turn`` is one provider turn as the Router keeps it (events, readers, receipt, owner liveness);
-``WorkerIO`` is what the provider's worker thread talks through; the messages below travel only from
-worker and timer threads into the Router's own mailbox, never on the wire. ``parse_tool_call`` is the
+``WorkerIO`` is what the provider's turn talks through, wherever it is hosted (stepping.py); the messages
+below travel only from turn workers, timers and the Router itself into the Router's own mailbox, never on
+the wire. ``parse_tool_call`` is the
 Router's half of strict tool-call parsing (RT-05).
 """
 
@@ -20,9 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from actors.base import Context
-from actors.router.messages import RouterError, StartTurn, TurnToolCall
-from actors.router.providers.base import NativeToolCall, ProviderEvent, ProviderOutcome
-from actors.router.providers.base import TurnCancelled as ProviderTurnCancelled
+from actors.router.messages import ProviderFailed, RouterError, StartTurn, TurnCancelled, TurnToolCall
+from actors.router.providers.base import (
+    CLOSED,
+    NativeToolCall,
+    ProviderError,
+    ProviderEvent,
+    ProviderOutcome,
+    Submitted,
+    TextDelta,
+    ToolCallRequested,
+    UsageUpdate,
+)
 from actors.types import (
     CALL_KTOOL,
     ResolvedAgentModel,
@@ -32,6 +42,7 @@ from actors.types import (
     ToolResult,
     UsageReceipt,
 )
+from transport.capture import pack_payload, unpack_payload
 from transport.errors import Expired, NotDelivered, Unavailable
 
 # Defaults of the Router's liveness and memory options (RouterActor and actor.py's docstring explain them).
@@ -97,16 +108,30 @@ TICK = Tick()
 
 
 class WorkerIO:
-    """The provider's view of its turn (TurnIO): runs on the worker thread, talks by telling the Router.
+    """The provider's view of its turn (TurnIO), on whichever thread hosts the turn.
 
-    ``wait_result`` is bounded by ``wait_bound_s`` of real time: the Router normally ends a turn that waits
+    ``emit`` tells the Router (or, for a turn the Router hosts itself, calls ``emit_to``). A stepped turn's
+    tool results and cancel go to its host (``resume``, ``on_cancel``); a blocking ``run_turn`` waits in
+    ``wait_result``, bounded by ``wait_bound_s`` of real time: the Router normally ends a turn that waits
     too long first (on its own clock), but the worker must not outlive the bound even if the Router is gone.
     """
 
-    def __init__(self, router: Any, operation_id: uuid.UUID, wait_bound_s: float = math.inf) -> None:
+    def __init__(
+        self,
+        router: Any,
+        operation_id: uuid.UUID,
+        wait_bound_s: float = math.inf,
+        *,
+        emit_to: Callable[[Emitted], None] | None = None,
+        resume: Callable[[str, ToolResult], None] | None = None,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> None:
         self._router = router
         self._op = operation_id
         self._wait_bound_s = wait_bound_s
+        self._emit_to = emit_to
+        self._resume = resume
+        self._on_cancel = on_cancel
         self.cancelled = threading.Event()
         self._results: queue.SimpleQueue[tuple[str, ToolResult] | None] = queue.SimpleQueue()
         self._early: dict[str, ToolResult] = {}
@@ -126,14 +151,24 @@ class WorkerIO:
         return text
 
     def emit(self, event: ProviderEvent) -> None:
-        self._router.tell(Emitted(self._op, event))
+        if self._emit_to is not None:
+            self._emit_to(Emitted(self._op, event))
+        else:
+            self._router.tell(Emitted(self._op, event))
 
     def deliver(self, call_id: str, result: ToolResult) -> None:
-        self._results.put((call_id, result))
+        if self._resume is not None:
+            self._resume(call_id, result)
+        else:
+            self._results.put((call_id, result))
 
     def cancel(self) -> None:
+        if self.cancelled.is_set():
+            return
         self.cancelled.set()
         self._results.put(None)
+        if self._on_cancel is not None:
+            self._on_cancel()
 
     def wait_result(self, call_id: str) -> ToolResult:
         if call_id in self._early:
@@ -147,9 +182,9 @@ class WorkerIO:
                 item = self._results.get(timeout=min(remaining, threading.TIMEOUT_MAX))
             except queue.Empty:
                 self.cancelled.set()
-                raise ProviderTurnCancelled(f"no result for {call_id} within {self._wait_bound_s}s") from None
+                raise TurnCancelled(f"no result for {call_id} within {self._wait_bound_s}s") from None
             if item is None:  # the cancel's mark: a result put before it is still read first (FIFO)
-                raise ProviderTurnCancelled(call_id)
+                raise TurnCancelled(call_id)
             got_id, result = item
             if got_id == call_id:
                 return result
@@ -184,7 +219,7 @@ class Turn:
     pinging: bool = False
     pinged_at: float = -math.inf
     ping_failed: bool = False
-    timer: threading.Timer | None = None
+    timer: int | None = None  # the node timer (Node.call_at) of the turn's timeout
     prices: Any = None
     takes_input: bool = True  # the provider applies SubmitInput (a provider says otherwise: takes_input)
 
@@ -251,15 +286,6 @@ def _fits_the_wire(value: Any, depth: int) -> bool:
 def encode_local(registry: Any, message: Any) -> bytes | None:
     """The Router's own mailbox messages as ``record_mailbox`` payloads (transport/replay.py), so a replay
     needs no provider, worker thread, timer or ticker; None for a message that is not one of them."""
-    from actors.router.providers.base import (
-        ProviderError,
-        Submitted,
-        TextDelta,
-        ToolCallRequested,
-        UsageUpdate,
-    )
-    from actors.router.providers.scripted import StreamClosed
-    from transport.capture import pack_payload
 
     row: list[Any] = []  # stays empty for a message that is not one of the Router's own
     match message:
@@ -279,8 +305,6 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
                 row = ["finished", op.bytes, [outcome.answer, packed_usage, outcome.continuation], None]
             elif isinstance(error, ProviderError):
                 row = ["finished", op.bytes, None, ["provider", error.kind, error.message, error.started]]
-            elif isinstance(error, StreamClosed):
-                row = ["finished", op.bytes, None, ["closed", str(error)]]
             else:
                 row = ["finished", op.bytes, None, ["other", type(error).__name__, str(error)]]
         case TimedOut(operation_id=op):
@@ -296,16 +320,6 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
 def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
     """The mailbox message ``encode_local`` recorded; ``open_requests`` maps a request id to its deferred
     ``Context`` (a token count's answer goes to the request that asked)."""
-    from actors.router.messages import ProviderFailed
-    from actors.router.providers.base import (
-        ProviderError,
-        Submitted,
-        TextDelta,
-        ToolCallRequested,
-        UsageUpdate,
-    )
-    from actors.router.providers.scripted import StreamClosed
-    from transport.capture import unpack_payload
 
     row = unpack_payload(payload)
     kind = row[0]
@@ -331,8 +345,8 @@ def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
         failure: BaseException
         if error[0] == "provider":
             failure = ProviderError(error[1], error[2], started=error[3])
-        elif error[0] == "closed":
-            failure = StreamClosed(error[1])
+        elif error[0] == "closed":  # how captures made before "closed" was a ProviderError kind hold it
+            failure = ProviderError(CLOSED, error[1])
         else:
             failure = type(error[1], (Exception,), {})(error[2])  # same name and text as the recorded error
         return Finished(op, None, failure)

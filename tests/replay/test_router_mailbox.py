@@ -10,6 +10,7 @@ import pytest
 
 from actors.app.wiring import registry
 from actors.router.providers.base import (
+    CLOSED,
     NativeToolCall,
     ProviderError,
     ProviderOutcome,
@@ -18,7 +19,6 @@ from actors.router.providers.base import (
     ToolCallRequested,
     UsageUpdate,
 )
-from actors.router.providers.scripted import StreamClosed
 from actors.router.turns import TICK, Counted, Emitted, Finished, TimedOut, decode_local, encode_local
 from actors.types import ContextItem, ModelContext, TokenUsage
 
@@ -65,7 +65,7 @@ def test_a_mailbox_message_round_trips(message: Any) -> None:
     ("error", "check"),
     [
         (ProviderError("unavailable", "refused", started=True), lambda e: (e.kind, e.message, e.started)),
-        (StreamClosed("closed"), lambda e: str(e)),
+        (ProviderError(CLOSED, "closed"), lambda e: (e.kind, e.message, e.started)),
         (KeyError("boom"), lambda e: (type(e).__name__, str(e))),
     ],
 )

@@ -1,9 +1,16 @@
 """The provider seam: what a provider implements to run one streaming turn for the Router.
 
-A provider turn runs on a worker thread of its own (never the Router's): it may block on the network, on
-llama.cpp, or on a tool result. It talks to the Router only through ``TurnIO``: ``emit`` events as they
-happen, ``wait_result`` for the result of a tool call it emitted, and it watches ``cancelled``. It returns a
-``ProviderOutcome`` or raises ``ProviderError`` (with the original exception as ``__cause__``).
+A provider turn is a generator, ``Provider.steps(request, io)`` (``TurnSteps``): it ``emit``s events through
+``TurnIO`` as they happen and *yields* what it waits for next (``Wait``): ``AwaitResult`` (the result of a
+tool call it emitted is sent back into it), ``Pause`` (more to do: let the hosting actor handle its other
+messages first), ``Sleep`` or ``AwaitCancel``. It returns a ``ProviderOutcome`` or raises ``ProviderError``
+(with the original exception as ``__cause__``). Cancelling a turn throws ``TurnCancelled`` into it at the
+yield where it waits. No turn has a thread of its own: an actor hosts its generator
+(``actors/router/stepping.py``), and ``Provider.placement`` says which one: ``"inline"`` on the Router's
+own thread (a turn that never blocks: the scripted model), ``"owner"`` on an actor the provider owns
+(``Provider.turn_host``; the local model, one generation at a time), or ``"pool"`` on one of the Router's
+configured worker actors (a turn that blocks on the network between its yields). A provider that has only
+the older blocking ``run_turn(request, io)`` runs on the pool, waiting with ``TurnIO.wait_result``.
 
 The Router owns everything else: operation ids, the one ``call_ktool`` definition, strict parsing of tool
 calls, receipts, timeouts and cancellation.
@@ -12,10 +19,12 @@ calls, receipts, timeouts and cancellation.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
+# The one TurnCancelled (a RouterError on the wire): what a cancel throws into a turn, re-exported here.
+from actors.router.messages import TurnCancelled as TurnCancelled
 from actors.types import ContextItem, ModelContext, OfferedTool, ResolvedAgentModel, TokenUsage, ToolResult
 
 
@@ -111,7 +120,8 @@ class ProviderError(Exception):
     """A provider failure. ``kind`` says how the turn ends; ``__cause__`` is the original exception.
 
     kinds: "unavailable" (the provider could not be reached or went away: connection refused, reset,
-    killed server), "failed" (it answered with an error), "cancelled", "timed_out".
+    killed server), "failed" (it answered with an error), "cancelled", "timed_out", "closed" (the stream
+    ended without a final answer: the Router reports ``TurnClosed`` and ``FinishUnavailable`` accounts it).
     """
 
     def __init__(self, kind: str, message: str, *, started: bool = False) -> None:
@@ -121,12 +131,47 @@ class ProviderError(Exception):
         self.started = started  # whether any output had arrived before the failure
 
 
-class TurnCancelled(Exception):
-    """Raised by ``TurnIO.wait_result`` (and checked by providers) when the Router cancelled the turn."""
+CLOSED: Final = "closed"  # ProviderError.kind of a stream that ended without a final answer
+
+
+# What a stepped turn yields (``TurnSteps``): what it waits for before its next step.
+@dataclass(frozen=True, slots=True)
+class AwaitResult:
+    """The result of the tool call ``call_id`` (emitted before): the host sends the ``ToolResult`` back."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """More to do at once; the host handles its other messages (a cancel, a result) before the next step.
+    A turn that paused keeps its host (``"owner"``: the model) until it yields anything else."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Resume after ``seconds`` (a scripted delay), without holding the host."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitCancel:
+    """Nothing more until the turn is cancelled (a scripted hang)."""
+
+
+Wait = AwaitResult | Pause | Sleep | AwaitCancel
+TurnSteps = Generator[Wait, ToolResult | None, ProviderOutcome]
+Placement = Literal["inline", "owner", "pool"]
+PAUSE: Final = Pause()
 
 
 class TurnIO(Protocol):
-    """The provider's only view of the Router; safe to use from the worker thread."""
+    """The provider's only view of the Router; safe to use from whichever thread hosts the turn.
+
+    ``cancelled`` is set when the Router cancels the turn (a turn may check it inside a long blocking
+    step); ``wait_result`` is for a blocking ``run_turn`` only (a stepped turn yields ``AwaitResult``) and
+    raises ``TurnCancelled``."""
 
     cancelled: threading.Event
 
@@ -169,15 +214,59 @@ def model_context(
 
 
 class Provider(Protocol):
-    """A provider client (one per provider entry in the config; shared by all its turns)."""
+    """A provider client (one per provider entry in the config; shared by all its turns).
+
+    A stepped provider also has ``placement`` and ``steps(request, io) -> TurnSteps`` (and, placed
+    ``"owner"``, ``turn_host()``: the actor ref its turns run on); see the module docstring."""
 
     name: str
 
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
-        """Run one turn on the calling (worker) thread until a final answer; emit events on the way."""
+        """Run one turn on the calling thread until a final answer; emit events on the way."""
         ...
 
     def close(self) -> None: ...
+
+
+def drive(steps: TurnSteps, io: TurnIO) -> ProviderOutcome:
+    """Run a stepped turn to its end on the calling thread (a direct caller's ``run_turn``, never an
+    actor's): an ``AwaitResult`` waits in ``io.wait_result`` (its ``TurnCancelled`` is thrown into the
+    turn), a ``Sleep`` or ``AwaitCancel`` waits on ``io.cancelled``."""
+    send: ToolResult | None = None
+    try:
+        while True:
+            try:
+                wait = steps.send(send)
+            except StopIteration as stop:
+                outcome: ProviderOutcome = stop.value
+                return outcome
+            send = None
+            match wait:
+                case AwaitResult(call_id=call_id):
+                    try:
+                        send = io.wait_result(call_id)
+                    except TurnCancelled as exc:
+                        try:
+                            steps.throw(exc)
+                        except StopIteration as stop:
+                            done: ProviderOutcome = stop.value
+                            return done
+                        raise ProviderError("cancelled", "turn cancelled", started=True) from exc
+                case Sleep(seconds=seconds):
+                    io.cancelled.wait(max(0.0, seconds))
+                case AwaitCancel():
+                    io.cancelled.wait()
+                    cancelled = TurnCancelled("turn cancelled")
+                    try:
+                        steps.throw(cancelled)
+                    except StopIteration as stop:
+                        ended: ProviderOutcome = stop.value
+                        return ended
+                    raise ProviderError("cancelled", "turn cancelled") from cancelled
+                case Pause():
+                    pass
+    finally:
+        steps.close()
 
 
 def estimate_tokens(text: str) -> int:

