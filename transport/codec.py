@@ -34,10 +34,8 @@ from transport.errors import (
     RemoteError,
     cut_text,
 )
-
-# A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
-# registered messages; nesting is bounded by MAX_DEPTH.
-JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
+from transport.messages import ErrorReply  # the bodies sit below the codec that encodes them
+from transport.messages import JsonValue as JsonValue  # re-exported: where the layers above import it
 
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
@@ -460,8 +458,6 @@ class Registry:
     def error_reply(self, exc: BaseException, *, depth: int = 0) -> Any:
         """An ``ErrorReply`` body for ``exc``, with its cause chain (bounded: 5 levels, each message cut to
         ``MAX_ERROR_TEXT`` characters with its original size noted)."""
-        from transport.messages import ErrorReply
-
         cause_exc = exc.__cause__
         cause = self.error_reply(cause_exc, depth=depth + 1) if cause_exc is not None and depth < 4 else None
         if isinstance(exc, BusError):
@@ -484,8 +480,6 @@ class Registry:
         An error whose fields cannot travel (too large, or not encodable) goes without them and without its
         cause, its message saying so; failing that, a bare ``ProtocolError`` naming the error's class.
         """
-        from transport.messages import ErrorReply
-
         try:
             return self.encode(self.error_reply(exc))
         except Exception as first:  # noqa: BLE001 - any failure here falls back to a smaller error

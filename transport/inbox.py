@@ -183,7 +183,7 @@ class SocketInbox:
             # A peer that took this socket for another actor's: tell it, rather than let it wait out its
             # deadline.
             node.stats.incr("misrouted")
-            node._fail_send(
+            node.fail_send(
                 header, NotDelivered(f"{header.dst} is not served here"), ("self", parts[0], self)
             )
             return None

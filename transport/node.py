@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -206,7 +205,6 @@ class Node:
         self._direct: dict[str, tuple[str, ...]] = {}  # actor -> endpoints of its own socket
         self._counts: dict[str, ActorCounts] = {}  # actor -> its counters (sys.stats)
         self._tell_error_listeners: list[Callable[[BusError, bytes | None], None]] = []
-        self._outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._tls = threading.local()
         self._channels: list[Channel] = []
         self._channels_lock = threading.Lock()
@@ -260,7 +258,7 @@ class Node:
             if self.security.keys is None:
                 raise SecurityError(f"node {self.name}: a CURVE bind needs this node's key pair")
             ZapService.register(self.context, self.name, self.security.allow)
-        self._io = IoThread(self)
+        self._io = IoThread(self, self._binds)
         self._io.start()
         if not self._io.ready.wait(timeout):
             raise RuntimeError(f"node {self.name}: I/O thread did not start within {timeout}s")
@@ -270,6 +268,7 @@ class Node:
             self._io = None
             ZapService.unregister(self.context, self.name)
             raise failure
+        self.endpoints = self._io.endpoints
         self._running = True
         for endpoint in self.endpoints:
             self._warn_if_plain(endpoint, "listens on")
@@ -782,14 +781,14 @@ class Node:
             if io is not None and deadline < io.poll_until:
                 io.wake()  # the I/O thread sleeps past this deadline: let it re-arm its timer
         if not self._running:
-            self._fail_send(header, NotDelivered(f"node {self.name} is not running"))
+            self.fail_send(header, NotDelivered(f"node {self.name} is not running"))
             return
         if message is not None:
             self.deliver_local(header, body, message=message)
         elif route is not None and route[0] == "self":
             # Over a direct actor's own socket: this is that actor's thread, the socket's owner.
             if not route[2].send(route[1], frames):
-                self._fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
+                self.fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
         elif header.is_reply and route is not None:
             self._outbox_put(("reply", route, frames, header))
         elif dst_node == self.name:
@@ -817,13 +816,13 @@ class Node:
                 self._client_tell_error(header, body)
                 return
             self.stats.incr("not_delivered")
-            self._fail_send(header, NotDelivered(f"no actor {header.dst}"), route)
+            self.fail_send(header, NotDelivered(f"no actor {header.dst}"), route)
             return
         try:
             ref.tell(Inbound(header, body, route, message))
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
-            self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
+            self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
 
     def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound]) -> None:
         """Put messages that arrived together for one actor into its mailbox as one item (the actor's
@@ -834,7 +833,7 @@ class Node:
             self.unregister(actor_key, ref)
             for inbound in batch:
                 header = inbound.header
-                self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
+                self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
 
     def reply_of(self, header: Header, body: bytes) -> Reply:
         try:
@@ -924,7 +923,7 @@ class Node:
         error = error_of(self.registry, header, body) or ProtocolError("empty tell error")
         self._report_tell_error(error, header.corr or b"")
 
-    def _fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None:
+    def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None:
         """A send that is known to have failed: the request's waiter or the tell's sender hears of it."""
         if header.is_request and header.id in self.pending:
             self.pending.resolve(header.id, Reply(None, error, True))
@@ -944,11 +943,10 @@ class Node:
             self.stats.incr("dropped_replies")
 
     def _outbox_put(self, item: tuple[Any, ...]) -> None:
-        self._outbox.put(item)
         io = self._io
-        if io is not None:
+        if io is not None:  # else the node is not running: nothing would ever read it
             self.stats.incr("hops_to_io")
-            io.wake()
+            io.put(item)
 
     def call_at(self, at: float, callback: Callable[[], None]) -> int:
         """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns
