@@ -1,7 +1,7 @@
 """A writer that commits in groups and says ``answered N`` only once record N is durable (when_durable).
 
-Run as ``python -P tests/peers/group_commit_writer.py journal|ledger PATH GROUP``: it writes records 0, 1, 2...
-in groups of GROUP, forever, until it is killed; stdout gets one ``answered N`` line per record, flushed,
+Run as ``python -P tests/peers/group_commit_writer.py journal|ledger PATH GROUP``: it writes records 0, 1,
+2... in groups of GROUP, forever, until it is killed; stdout gets one ``answered N`` line per record, flushed,
 from inside the when_durable callback. The test SIGKILLs it mid-stream and checks that every answered record
 is on disk (DESIGN.md 4a: durable before anyone hears of it, many per fsync).
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors.conversation.journal import Journal  # noqa: E402
-from actors.router.ledger import Intent, ReceiptLedger  # noqa: E402
-from actors.types import AgentProvider  # noqa: E402
+from actors.conversation.journal import Journal
+from actors.router.ledger import Intent, ReceiptLedger
+from actors.types import AgentProvider
 
 
 def answer(n: int) -> object:
