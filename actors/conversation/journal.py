@@ -136,10 +136,14 @@ def record_of(event: Any) -> dict[str, Any] | None:
 Durable = Callable[[BaseException | None], None]  # told None once the records before it are on disk
 
 
+def _os_fsync(fd: int) -> None:
+    os.fsync(fd)  # looked up at each call: a test may patch the module's os.fsync
+
+
 class Journal:
     """Appends records to the session file (see the module docstring for what is durable when).
 
-    ``fsync`` makes a file's written records durable (``os.fsync``; a test passes one it controls)."""
+    ``fsync`` makes a file's records durable (``os.fsync`` when None; a test passes one it controls)."""
 
     def __init__(
         self,
@@ -147,12 +151,12 @@ class Journal:
         *,
         truncate: bool = False,
         sync: Sync = Sync.EFFECTS,
-        fsync: Callable[[int], None] = os.fsync,
+        fsync: Callable[[int], None] | None = None,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.sync = Sync(sync)
-        self._fsync = fsync
+        self._fsync = fsync if fsync is not None else _os_fsync
         self._depth = 0  # groups open (nested ones join the outermost)
         self._owed = False  # a record in the open group asked for an fsync
         self._waiting: list[Durable] = []
