@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from transport.codec import Registry, encode_header
+from transport.codec import BATCH_TAG, Registry, encode_header
 from transport.envelope import REPLY_FLOWS, Flow, Header, Inbound, Route, node_of
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.logs import LogLimiter
@@ -86,15 +86,21 @@ class IoHost(Protocol):
 
     def deliver_batch(self, actor_key: str, ref: Any, batch: list[Inbound]) -> None: ...
 
+    def split_tells(
+        self,
+        header: Header,
+        body: bytes,
+        route: Route | None,
+        seq_seen: OrderedDict[tuple[str, str], int],
+    ) -> list[Any] | None: ...
+
     def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None: ...
 
     def direct_endpoints(self, actor: str) -> tuple[str, ...]: ...
 
     def stats_report(self) -> Any: ...
 
-    def header(
-        self, kind: str, src: str, dst: str, flow: Flow, *, corr: bytes | None = None
-    ) -> Header: ...
+    def header(self, kind: str, src: str, dst: str, flow: Flow, *, corr: bytes | None = None) -> Header: ...
 
 
 class IoThread(threading.Thread):
@@ -287,6 +293,34 @@ class IoThread(threading.Thread):
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
             return
+        if header.kind == BATCH_TAG:
+            self._route_batch(header, body, route)
+            return
+        self._route_header(header, body, route)
+
+    def _route_batch(self, header: Header, body: bytes, route: Route) -> None:
+        """A burst of tells in one frame: split, and each one routed as if it had come on its own (for an
+        actor that takes batches: into the batch the drain hands over, with no per-tell lookup)."""
+        tells = self.node.split_tells(header, body, route, self.seq_seen)
+        if tells is None:
+            return
+        dst = header.dst
+        if dst.startswith(self._prefix) and dst != self._directory:
+            actor_key = dst[len(self._prefix) :]
+            ref = self.node.lookup(actor_key)
+            if ref is not None and getattr(getattr(ref, "actor_class", None), "TAKES_INBOUND_BATCH", False):
+                if ref is not self._batch_ref:
+                    self._flush()
+                    self._batch_ref, self._batch_key = ref, actor_key
+                batch = self._batch
+                for i in range(0, len(tells), 2):
+                    batch.append(Inbound(tells[i], tells[i + 1], route))
+                return
+        for i in range(0, len(tells), 2):
+            self._route_header(tells[i], tells[i + 1], route)
+
+    def _route_header(self, header: Header, body: bytes, route: Route) -> None:
+        node = self.node
         dst = header.dst
         # A request or tell for a local actor (node_of(dst) == node.name: addresses were validated).
         if header.flow not in REPLY_FLOWS and dst.startswith(self._prefix) and dst != self._directory:

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pykka
 import zmq
 
-from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
+from transport.codec import (
+    BATCH_ITEM_OVERHEAD,
+    MAX_HEADER_BYTES,
+    Registry,
+    decode_header,
+    encode_header,
+    split_batch,
+)
 from transport.envelope import (
     FORMAT_VERSION,
     Address,
@@ -74,6 +81,8 @@ DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
 _SEQ_SENDERS = 16384  # (src, dst) pairs a thread numbers its sends for
 _SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
+MAX_HELD = 256  # tells a plain thread's channel holds for one batch frame at most (see _channel_tell)
+TELL_LINGER = 0.001  # seconds: a tell this soon after the previous one on its channel is held
 _new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
 
@@ -102,6 +111,34 @@ STATS_ALWAYS: tuple[str, ...] = (
     "actor_input_failures",
     "answer_send_failures",
 )
+
+
+class _Lane:
+    """A plain thread's way to one actor it has told before: the channel its tells take, cached (one per
+    thread and destination; see ``Node._hold``)."""
+
+    __slots__ = ("channel", "direct", "dst", "peer", "seqs", "src")
+
+    def __init__(
+        self,
+        channel: Channel,
+        peer: Peer,
+        direct: Peer | None,
+        src: str,
+        dst: str,
+        seqs: dict[tuple[str, str], int],
+    ) -> None:
+        self.channel = channel
+        self.peer = peer
+        self.direct = direct
+        self.src = src
+        self.dst = dst
+        self.seqs = seqs  # the thread's own per-(src, dst) numbering (Node._next_seq)
+
+    def usable(self, peers: dict[str, Peer]) -> bool:
+        """Still the way: its channel open and connected, and its peer not replaced by ``connect``."""
+        channel = self.channel
+        return channel.ready and not channel.closed and peers.get(self.peer.name) is self.peer
 
 
 class Stats:
@@ -171,6 +208,7 @@ class Node:
         options: SocketOptions | None = None,
         context: Ctx | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
+        tell_linger: float = TELL_LINGER,
         max_header_bytes: int = MAX_HEADER_BYTES,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -185,6 +223,7 @@ class Node:
         self.options = options or SocketOptions(max_message_bytes=self.registry.max_body_bytes + 65536)
         self.context: Ctx = context or zmq.Context.instance()
         self.request_timeout = request_timeout
+        self.tell_linger = tell_linger
         self.max_header_bytes = max_header_bytes
         self.clock = clock
         self.monotonic = monotonic
@@ -299,6 +338,14 @@ class Node:
             return ()
         self._running = False
         deadline = self.monotonic() + timeout
+        with self._channels_lock:
+            channels = list(self._channels)
+        for channel in channels:  # tells still held leave first (bounded: an owner mid-call keeps its lock)
+            if channel.held_head is not None and channel.lock.acquire(timeout=0.5):
+                try:
+                    self._flush_held(channel)
+                finally:
+                    channel.lock.release()
         stuck: list[str] = []
         for key, ref in list(self._actors.items()):
             wait = max(0.2, deadline - self.monotonic())
@@ -499,6 +546,7 @@ class Node:
     ) -> Iterator[Any]:
         if not self._running:
             raise Unavailable(f"node {self.name} is not running")
+        self._flush_mine()
         deadline = self.monotonic() + timeout
         direct = self._direct_peer(peer, dst, deadline)
         if direct is not None:
@@ -525,6 +573,7 @@ class Node:
         """``_channel_call`` for one plain reply, without generator layers (the hot path of the bench)."""
         if not self._running:
             raise Unavailable(f"node {self.name} is not running")
+        self._flush_mine()
         deadline = self.monotonic() + timeout
         cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
         direct = cache.get(dst, peer) if cache is not None else peer
@@ -647,6 +696,13 @@ class Node:
     def tell(self, dst: str, message: Any, *, src: str | None = None, **fields: Any) -> bytes:
         """One-way send; returns the message id. A handler error comes back as a tell error (see
         ``on_tell_error``); delivery failures known at once are reported the same way."""
+        if src is None and not fields:
+            # A plain thread's next tell on a lane it has used: straight to its channel (see _hold).
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lane = lanes.get(dst)
+                if lane is not None and self._running and lane.usable(self._peers):
+                    return self._hold(lane, message)
         if src is None and current_actor() is None and self._running:
             peer = self._peers.get(node_of(dst))
             if peer is not None and peer.name != self.name:
@@ -659,13 +715,93 @@ class Node:
 
     def _channel_tell(self, peer: Peer, dst: str, message: Any, fields: dict[str, Any]) -> bytes:
         """A plain thread's tell goes over the same connection as its blocking requests: one FIFO stream
-        per (thread, actor), so a tell is never overtaken by a later request (MB-05), and no hop."""
+        per (thread, actor), so a tell is never overtaken by a later request (MB-05), and no hop. The
+        first tell to ``dst`` (or one with header fields) goes at once and makes the thread a lane to
+        ``dst`` for the next ones (``_hold``)."""
+        self._flush_mine()
+        registry = self.registry
+        tell_id = self._tell_now(
+            peer, dst, None, registry.tag_of(message), registry.encode(message), fields, True
+        )
+        direct = self._tls.direct.get(dst) if hasattr(self._tls, "direct") else None
+        lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+        if lanes is None:
+            lanes = self._tls.lanes = {}
+        if len(lanes) >= _SEQ_SENDERS:
+            del lanes[next(iter(lanes))]
+        channel = self._channel(direct or peer)
+        if not channel.closed:
+            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq)
+            channel.last_tell = self.monotonic()
+        return tell_id
+
+    def _hold(self, lane: _Lane, message: Any) -> bytes:
+        """A tell over ``lane``: coalesced when it follows the channel's previous one within
+        ``tell_linger``. What is held leaves as one ``sys.batch`` frame (WIRE.md 7a) when ``MAX_HELD`` are
+        held, when this thread next sends anything else over the bus, or ``tell_linger`` after the first
+        was held (then the I/O thread sends it, under the channel's lock). A tell after a pause leaves at
+        once. Order and per-(src, dst) ``seq`` are those of the calls; capture records each tell."""
+        now = self.monotonic()
+        channel = lane.channel
+        registry = self.registry
+        body = registry.encode(message)  # raises for what is not a registered message
+        kind: str = message.TAG
+        dst = lane.dst
+        with channel.lock:
+            head = channel.held_head
+            if head is not None and (
+                head.dst != dst
+                or len(channel.held) >= 3 * MAX_HELD
+                or channel.held_bytes + len(body) + BATCH_ITEM_OVERHEAD * (len(channel.held) // 3 + 1)
+                > registry.max_body_bytes // 2
+            ):
+                self._flush_held(channel)
+                head = None
+            recent = now - channel.last_tell < self.tell_linger
+            channel.last_tell = now
+            if head is None:
+                if not recent:
+                    return self._tell_now(lane.peer, dst, lane.direct, kind, body, {})
+                header = self.header(kind, lane.src, dst, "tell")
+                channel.hold(header, body)
+                if not channel.flush_due:
+                    channel.flush_due = True
+                    self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
+            else:
+                key = (lane.src, dst)
+                seqs = lane.seqs
+                seq = seqs.get(key, 0) + 1
+                seqs[key] = seq
+                tell_id = self.ids()
+                channel.held += (tell_id, kind, body)
+                channel.held_bytes += len(body) + len(kind)
+                if self.capture is None:
+                    return tell_id
+                # The header split_batch rebuilds for it on the far side: the first held tell's slots.
+                header = _new_header(Header, (tell_id, kind, lane.src, dst, "tell", head.ts, seq, *head[7:]))
+            if self.capture is not None:
+                self.capture.record("send", lane.src, [encode_header(header), body])
+            return header.id
+
+    def _tell_now(
+        self,
+        peer: Peer,
+        dst: str,
+        direct: Peer | None,
+        kind: str,
+        body: bytes,
+        fields: dict[str, Any],
+        resolve: bool = False,
+    ) -> bytes:
         deadline = self.monotonic() + self.request_timeout
-        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
-        direct = cache[dst] if cache is not None and dst in cache else self._direct_peer(peer, dst, deadline)
+        if resolve:
+            cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+            direct = (
+                cache[dst] if cache is not None and dst in cache else self._direct_peer(peer, dst, deadline)
+            )
         src = self.client_address()
-        header = self.header(self.registry.tag_of(message), src, dst, "tell", **fields)
-        frames = [encode_header(header), self.registry.encode(message)]
+        header = self.header(kind, src, dst, "tell", **fields)
+        frames = [encode_header(header), body]
         if self.capture is not None:
             self.capture.record("send", src, frames)
         channel = self._channel(direct or peer)
@@ -676,12 +812,49 @@ class Node:
                 self._report_tell_error(exc, header.id)
                 return header.id
             self._tls.direct.pop(dst, None)
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lanes.pop(dst, None)
             self.stats.incr("direct_fallbacks")
             try:
                 self._channel(peer).send(frames, deadline)
             except NotDelivered as again:
                 self._report_tell_error(again, header.id)
         return header.id
+
+    def _flush_held(self, channel: Channel) -> None:
+        """Send the tells ``channel`` holds (the caller holds its lock); those that cannot leave are
+        reported ``NotDelivered``, each by its own id."""
+        failed, error = channel.flush_held(self.ids())
+        if error is not None:
+            self.stats.incr("not_delivered", len(failed))
+            for tell_id in failed:
+                self._report_tell_error(error, tell_id)
+
+    def _flush_mine(self) -> None:
+        """Before this thread sends anything else: the tells its channels hold leave first (MB-05)."""
+        channels: dict[str, Channel] | None = getattr(self._tls, "channels", None)
+        if channels:
+            for channel in channels.values():
+                if channel.held_head is not None:
+                    with channel.lock:
+                        channel.flush_due = False
+                        self._flush_held(channel)
+
+    def _flush_later(self, channel: Channel) -> None:
+        """On the I/O thread, ``tell_linger`` after a channel began holding tells: send them unless its
+        owner is using the socket (then the owner's own send flushes them first, or, if the owner was only
+        adding a tell, this tries again shortly). Never blocks."""
+        if not channel.lock.acquire(blocking=False):
+            if channel.flush_due:
+                self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel))
+            return
+        try:
+            channel.flush_due = False
+            if not channel.closed:
+                self._flush_held(channel)
+        finally:
+            channel.lock.release()
 
     def _report_tell_error(self, error: BusError, tell_id: bytes) -> None:
         self.stats.incr("tell_errors")
@@ -901,6 +1074,38 @@ class Node:
             self.stats.incr("expired_on_arrival")
             return None
         return header
+
+    def split_tells(
+        self,
+        header: Header,
+        body: bytes,
+        route: Route | None,
+        seq_seen: OrderedDict[tuple[str, str], int],
+    ) -> list[Any] | None:
+        """The tells of an admitted ``sys.batch`` frame, ``[header, body, ...]`` in order (see
+        ``codec.split_batch``), its last ``seq`` remembered for gap detection. A malformed or oversized
+        batch is counted (``malformed_batches``) and answered to its sender as one error tell whose
+        ``corr`` is the batch's id; None then (nothing of it is delivered)."""
+        try:
+            tells = split_batch(header, body, max_body_bytes=self.registry.max_body_bytes)
+        except BusError as exc:
+            self.stats.incr("malformed_batches")
+            self.log_limit.log(
+                log,
+                logging.INFO,
+                "malformed_batch",
+                "node %s: refused a batch from %s: %s",
+                self.name,
+                header.src,
+                exc,
+            )
+            self.fail_send(header, exc, route)
+            return None
+        if header.seq and len(tells) > 2:
+            key = (header.src, header.dst)
+            if key in seq_seen:
+                seq_seen[key] = header.seq + len(tells) // 2 - 1
+        return tells
 
     @property
     def directory_address(self) -> str:
