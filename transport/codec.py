@@ -295,8 +295,8 @@ class Registry:
         self._by_tag: dict[str, type[Any]] = {}
         self._fields: dict[type[Any], tuple[str, ...]] = {}
         self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
-        # Per class, when its fields can be passed positionally: (name, the exact types a value of it
-        # passes unchanged, its converter) for each field (see _build).
+        # Per class: (name, the exact types a value of it passes unchanged, its converter) for each field
+        # (see _build).
         self._plans: dict[type[Any], tuple[tuple[str, frozenset[type[Any]], Converter], ...]] = {}
         self._packers = threading.local()  # see encode_header
         for cls in types_:
@@ -422,22 +422,21 @@ class Registry:
         plan = self._plans.get(cls)
         if plan is not None and len(raw) == len(plan):
             # Every field present and no other (the shape every kbus sender sends): a value of an exact
-            # type its converter returns unchanged skips the call. Anything else takes the full walk.
-            args = []
+            # type its converter returns unchanged skips the call, and the map itself is the arguments
+            # (the decoder's own dict: converted values replace their raw ones). Else the full walk.
             for name, fast, conv in plan:
                 value = raw.get(name, _ABSENT)
                 if type(value) in fast:
-                    args.append(value)
-                elif value is _ABSENT:
+                    continue
+                if value is _ABSENT:
                     break
-                else:
-                    try:
-                        args.append(conv(value, depth + 1))
-                    except _Bad as exc:
-                        raise _Bad(f"{name}: {exc}") from None
+                try:
+                    raw[name] = conv(value, depth + 1)
+                except _Bad as exc:
+                    raise _Bad(f"{name}: {exc}") from None
             else:
                 try:
-                    return cls(*args)
+                    return cls(**raw)
                 except (TypeError, ValueError) as exc:  # __post_init__ validation of the class itself
                     raise _Bad(str(exc)) from None
         kwargs: dict[str, Any] = {}
@@ -474,11 +473,10 @@ class Registry:
             )
             for f in fields
         )
-        if not any(f.kw_only for f in fields):
-            self._plans[cls] = tuple(
-                (f.name, self._fast_types(hints[f.name]), conv)
-                for f, (_, conv, _) in zip(fields, self._convert[cls], strict=True)
-            )
+        self._plans[cls] = tuple(
+            (f.name, self._fast_types(hints[f.name]), conv)
+            for f, (_, conv, _) in zip(fields, self._convert[cls], strict=True)
+        )
 
     def _fast_types(self, hint: Any) -> frozenset[type[Any]]:
         """The exact types whose values the converter for ``hint`` returns as they are (possibly none)."""

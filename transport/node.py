@@ -825,6 +825,8 @@ class Node:
     def _flush_held(self, channel: Channel) -> None:
         """Send the tells ``channel`` holds (the caller holds its lock); those that cannot leave are
         reported ``NotDelivered``, each by its own id."""
+        if len(channel.held) > 3:
+            self.stats.incr("tell_batches_sent")
         failed, error = channel.flush_held(self.ids())
         if error is not None:
             self.stats.incr("not_delivered", len(failed))
@@ -1101,6 +1103,7 @@ class Node:
             )
             self.fail_send(header, exc, route)
             return None
+        self.stats.incr("tell_batches_received")
         if header.seq and len(tells) > 2:
             key = (header.src, header.dst)
             if key in seq_seen:
