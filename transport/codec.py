@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import itertools
 import math
 import threading
 import types
@@ -25,7 +26,7 @@ from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin, get_t
 
 import msgpack
 
-from transport.envelope import FLOWS, FORMAT_VERSION, Header, is_address
+from transport.envelope import FLOWS, FORMAT_VERSION, Header, Inbound, Route, is_address
 from transport.errors import (
     BusError,
     ErrorRegistry,
@@ -187,11 +188,13 @@ def encode_batch_body(items: list[Any]) -> bytes:
     return pack(items)  # type: ignore[no-any-return]
 
 
-def split_batch(header: Header, body: bytes, *, max_body_bytes: int = MAX_BODY_BYTES) -> list[Any]:
-    """The tells of a batch frame whose ``header`` was admitted already, in order, as a flat list
-    ``[header, body, header, body, ...]``: each header is the batch header with the tell's own id, kind and
-    seq. Every failure is a ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body past
-    ``max_body_bytes``, or more than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
+def split_batch(
+    header: Header, body: bytes, route: Route | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
+) -> list[Inbound]:
+    """The tells of a batch frame whose ``header`` was admitted already, in order, each as the ``Inbound``
+    an actor's mailbox takes (with ``route``): its header is the batch header with the tell's own id,
+    kind and seq. Every failure is a ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body
+    past ``max_body_bytes``, or more than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
     if header.flow != "tell":
         raise ProtocolError(f"a {BATCH_TAG} frame has flow tell, not {header.flow!r}")
     if len(body) > max_body_bytes:
@@ -223,20 +226,33 @@ def split_batch(header: Header, body: bytes, *, max_body_bytes: int = MAX_BODY_B
         raise ProtocolError(f"undecodable {BATCH_TAG} body: {type(exc).__name__}: {exc}") from None
     if type(raw) is not tuple or not raw or len(raw) % 3:
         raise ProtocolError(f"a {BATCH_TAG} body is a non-empty array of id, kind, body triples")
-    rest = header[7:]
+    ids, kinds, bodies = raw[0::3], raw[1::3], raw[2::3]
+    # Whole-column checks (C loops); the slow walk below only names the first bad item.
+    if (
+        set(map(type, ids)) != _BYTES
+        or set(map(len, ids)) != _SIXTEEN
+        or set(map(type, kinds)) != _STR
+        or set(map(type, bodies)) != _BYTES
+        or BATCH_TAG in kinds
+    ):
+        for i, (id_, kind, item) in enumerate(zip(ids, kinds, bodies, strict=True)):
+            if type(id_) is not bytes or len(id_) != 16 or type(kind) is not str or type(item) is not bytes:
+                raise ProtocolError(f"{BATCH_TAG} item {i}: id (bin 16), kind (str), body (bin) expected")
+            if kind == BATCH_TAG:
+                raise ProtocolError(f"{BATCH_TAG} item {i}: a batch inside a batch")
     src, dst, flow, ts, seq = header[2:7]
+    rest = header[7:]
+    seqs = range(seq, seq + len(ids)) if seq else itertools.repeat(0, len(ids))
     new = _new_tuple
-    out: list[Any] = []
-    append = out.append
-    for i in range(0, len(raw), 3):
-        id_, kind, item = raw[i], raw[i + 1], raw[i + 2]
-        if type(id_) is not bytes or len(id_) != 16 or type(kind) is not str or type(item) is not bytes:
-            raise ProtocolError(f"{BATCH_TAG} item {i // 3}: id (bin 16), kind (str), body (bin) expected")
-        if kind == BATCH_TAG:
-            raise ProtocolError(f"{BATCH_TAG} item {i // 3}: a batch inside a batch")
-        append(new(Header, (id_, kind, src, dst, flow, ts, seq + i // 3 if seq else 0, *rest)))
-        append(item)
-    return out
+    return [
+        new(Inbound, (new(Header, (id_, kind, src, dst, flow, ts, s, *rest)), item, route, None))
+        for id_, kind, item, s in zip(ids, kinds, bodies, seqs, strict=True)
+    ]
+
+
+_BYTES = frozenset((bytes,))
+_STR = frozenset((str,))
+_SIXTEEN = frozenset((16,))
 
 
 # ------------------------------------------------------------------------------------------------ body

@@ -28,7 +28,7 @@ from transport.codec import BATCH_TAG
 from transport.envelope import Inbound, InboundBatch
 from transport.errors import NotDelivered, ProtocolError
 from transport.security import SecurityError, user_id
-from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames
+from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames, send_routed
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -189,11 +189,7 @@ class SocketInbox:
         route = ("self", parts[0], self)
         if header.kind == BATCH_TAG:
             tells = node.split_tells(header, parts[3], route, self._seq_seen)
-            if tells is None:
-                return None
-            return Envelope(
-                InboundBatch([Inbound(tells[i], tells[i + 1], route) for i in range(0, len(tells), 2)])
-            )
+            return None if tells is None else Envelope(InboundBatch(tells))
         return Envelope(Inbound(header, parts[3], route))
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> bool:
@@ -202,7 +198,10 @@ class SocketInbox:
         if sock is None:
             return False
         try:
-            send_frames(sock, [routing_id, b"", *frames])
+            if len(frames) == 2:
+                send_routed(sock, routing_id, frames[0], frames[1])
+            else:
+                send_frames(sock, [routing_id, b"", *frames])
         except zmq.ZMQError:
             self._node.stats.incr("dropped_replies")
             return False

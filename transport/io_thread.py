@@ -92,7 +92,7 @@ class IoHost(Protocol):
         body: bytes,
         route: Route | None,
         seq_seen: OrderedDict[tuple[str, str], int],
-    ) -> list[Any] | None: ...
+    ) -> list[Inbound] | None: ...
 
     def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None: ...
 
@@ -312,12 +312,10 @@ class IoThread(threading.Thread):
                 if ref is not self._batch_ref:
                     self._flush()
                     self._batch_ref, self._batch_key = ref, actor_key
-                batch = self._batch
-                for i in range(0, len(tells), 2):
-                    batch.append(Inbound(tells[i], tells[i + 1], route))
+                self._batch += tells
                 return
-        for i in range(0, len(tells), 2):
-            self._route_header(tells[i], tells[i + 1], route)
+        for tell in tells:
+            self._route_header(tell.header, tell.body, route)
 
     def _route_header(self, header: Header, body: bytes, route: Route) -> None:
         node = self.node

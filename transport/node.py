@@ -136,9 +136,13 @@ class _Lane:
         self.seqs = seqs  # the thread's own per-(src, dst) numbering (Node._next_seq)
 
     def usable(self, peers: dict[str, Peer]) -> bool:
-        """Still the way: its channel open and connected, and its peer not replaced by ``connect``."""
+        """Still the way for a tell: its channel open and connected, its peer not replaced by ``connect``."""
         channel = self.channel
         return channel.ready and not channel.closed and peers.get(self.peer.name) is self.peer
+
+    def open(self, peers: dict[str, Peer]) -> bool:
+        """Still the way for a request (which waits for the connection itself): open, same peer."""
+        return not self.channel.closed and peers.get(self.peer.name) is self.peer
 
 
 class Stats:
@@ -522,12 +526,75 @@ class Node:
 
     def request(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Any:
         """Send ``message`` to actor ``dst`` and block for its reply (raises the typed error instead)."""
+        if not fields:
+            # A plain thread asking an actor it has asked or told before: its lane (no lookups).
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lane = lanes.get(dst)
+                if lane is not None and self._running and lane.open(self._peers):
+                    return self._lane_ask(lane, message, self.request_timeout if timeout is None else timeout)
         forbid_blocking("Node.request()")
         timeout = self.request_timeout if timeout is None else timeout
         peer = self._peers.get(node_of(dst))
         if peer is None or node_of(dst) == self.name:
             return self.request_future(dst, message, timeout=timeout, **fields).result(timeout + 1.0)
-        return self._channel_ask(peer, dst, message, timeout, fields)
+        reply = self._channel_ask(peer, dst, message, timeout, fields)
+        self._make_lane(peer, dst)
+        return reply
+
+    def _lane_ask(self, lane: _Lane, message: Any, timeout: float) -> Any:
+        """``_channel_ask`` over a known lane: the same frames and outcomes, with what is known reused."""
+        self._flush_mine()
+        now = self.monotonic()
+        deadline = now + timeout
+        body = self.registry.encode(message)  # raises for what is not a registered message
+        src, dst = lane.src, lane.dst
+        key = (src, dst)
+        seqs = lane.seqs
+        seq = seqs.get(key, 0) + 1
+        seqs[key] = seq
+        wall = self.clock()
+        deadline_at = wall + timeout
+        # Positional, in Header's field order (see header()); no fields beyond the defaults.
+        slots = (self.ids(), message.TAG, src, dst, "ask", wall, seq, None, None, None, None, None, 1)
+        header = _new_header(Header, (*slots, deadline_at, None, FORMAT_VERSION))
+        frames = [encode_header(header), body]
+        capture = self.capture
+        if capture is not None:
+            capture.record("send", src, frames)
+        channel = lane.channel
+        try:
+            channel.send(frames, min(deadline, now + 1.0) if lane.direct is not None else deadline)
+        except NotDelivered:
+            if lane.direct is None:
+                raise
+            # A stale direct endpoint: forget it and go through the node (nothing was sent: safe).
+            self._tls.direct.pop(dst, None)
+            self._tls.lanes.pop(dst, None)
+            self.stats.incr("direct_fallbacks")
+            channel = self._channel(lane.peer)
+            channel.send(frames, deadline)
+        reply, reply_body = channel.next_reply(header, deadline)
+        if capture is not None:
+            capture.record("deliver", src, [encode_header(reply), reply_body])
+        return raise_if_error(self.registry, reply, reply_body)
+
+    def _make_lane(self, peer: Peer, dst: str) -> None:
+        """Remember this thread's way to ``dst`` (after a first send there resolved it)."""
+        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+        if cache is None or dst not in cache:
+            return  # not resolved (the directory did not answer): the next call asks again
+        lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+        if lanes is None:
+            lanes = self._tls.lanes = {}
+        if dst in lanes:
+            return
+        if len(lanes) >= _SEQ_SENDERS:
+            del lanes[next(iter(lanes))]
+        direct = cache[dst]
+        channel = self._channel(direct or peer)
+        if not channel.closed:
+            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq)
 
     def stream(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Iterator[Any]:
         """Send a streamed request; yield each partial reply, then the final one. ``timeout`` bounds all."""
@@ -723,16 +790,10 @@ class Node:
         tell_id = self._tell_now(
             peer, dst, None, registry.tag_of(message), registry.encode(message), fields, True
         )
-        direct = self._tls.direct.get(dst) if hasattr(self._tls, "direct") else None
-        lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
-        if lanes is None:
-            lanes = self._tls.lanes = {}
-        if len(lanes) >= _SEQ_SENDERS:
-            del lanes[next(iter(lanes))]
-        channel = self._channel(direct or peer)
-        if not channel.closed:
-            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq)
-            channel.last_tell = self.monotonic()
+        self._make_lane(peer, dst)
+        lane = self._tls.lanes.get(dst) if hasattr(self._tls, "lanes") else None
+        if lane is not None:
+            lane.channel.last_tell = self.monotonic()
         return tell_id
 
     def _hold(self, lane: _Lane, message: Any) -> bytes:
@@ -938,6 +999,16 @@ class Node:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
         terminal error) on whichever thread resolves it; it must not block. ``message`` (with an empty
         ``body``) is a message ``local_message`` let go unencoded to an actor of this node."""
+        if route is not None and route[0] == "self" and deliver is None and message is None:
+            # An answer over a direct actor's own socket, from that actor's thread (its owner).
+            frames = [encode_header(header), body]
+            if self.capture is not None:
+                self.capture.record("send", header.src, frames)
+            if not self._running:
+                self.fail_send(header, NotDelivered(f"node {self.name} is not running"))
+            elif not route[2].send(route[1], frames):
+                self.fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
+            return
         if timeout is not None and not math.isfinite(timeout):
             # A NaN or infinite wait would never expire, and a NaN at the head of the deadline heap would
             # stop every other request behind it from expiring (it once ended the I/O thread).
@@ -1083,13 +1154,13 @@ class Node:
         body: bytes,
         route: Route | None,
         seq_seen: OrderedDict[tuple[str, str], int],
-    ) -> list[Any] | None:
-        """The tells of an admitted ``sys.batch`` frame, ``[header, body, ...]`` in order (see
+    ) -> list[Inbound] | None:
+        """The tells of an admitted ``sys.batch`` frame, in order, as mailbox items (see
         ``codec.split_batch``), its last ``seq`` remembered for gap detection. A malformed or oversized
         batch is counted (``malformed_batches``) and answered to its sender as one error tell whose
         ``corr`` is the batch's id; None then (nothing of it is delivered)."""
         try:
-            tells = split_batch(header, body, max_body_bytes=self.registry.max_body_bytes)
+            tells = split_batch(header, body, route, max_body_bytes=self.registry.max_body_bytes)
         except BusError as exc:
             self.stats.incr("malformed_batches")
             self.log_limit.log(
@@ -1104,10 +1175,10 @@ class Node:
             self.fail_send(header, exc, route)
             return None
         self.stats.incr("tell_batches_received")
-        if header.seq and len(tells) > 2:
+        if header.seq and len(tells) > 1:
             key = (header.src, header.dst)
             if key in seq_seen:
-                seq_seen[key] = header.seq + len(tells) // 2 - 1
+                seq_seen[key] = header.seq + len(tells) - 1
         return tells
 
     @property

@@ -59,6 +59,15 @@ def send_envelope(sock: Sock, first: bytes, header: bytes, body: bytes) -> None:
     send(sock, body, NOBLOCK)
 
 
+def send_routed(sock: Sock, routing_id: bytes, header: bytes, body: bytes) -> None:
+    """``send_frames`` for an answer on a ROUTER: routing id, delimiter, header, body; no loop."""
+    send = _BaseSocket.send
+    send(sock, routing_id, _SNDMORE_NOBLOCK)
+    send(sock, b"", _SNDMORE_NOBLOCK)
+    send(sock, header, _SNDMORE_NOBLOCK)
+    send(sock, body, NOBLOCK)
+
+
 def recv_frames(sock: Sock) -> list[bytes]:
     """Receive one multipart message that poll/EVENTS said is there."""
     parts = []
