@@ -675,7 +675,10 @@ class Node:
         channel = channels.get(peer.endpoint)
         if channel is None or channel.closed or (channel.peer is not peer and channel.peer != peer):
             if channel is not None:
-                channel.close()
+                with channel.lock:  # tells it still holds leave (or are reported) before it closes
+                    if not channel.closed:
+                        self._flush_held(channel)
+                    channel.close()
             channel = Channel(
                 self.context,
                 peer,
