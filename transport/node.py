@@ -5,7 +5,11 @@ Threads and sockets:
 - The **I/O thread** owns every bound ROUTER, every outbound DEALER and their monitors. It decodes headers
   (never bodies), authorises, and puts each inbound message straight into the target actor's mailbox.
 - Other threads hand outbound frames to it through a queue plus an eventfd wake-up (one hop).
-- A plain thread that *blocks* on a request to a peer uses its own ``Channel`` (fast path, no hop).
+- A plain thread that *blocks* on a request to a peer uses its own ``Channel`` (fast path, no hop). Its
+  tells take the same channel; a burst of them is coalesced into ``sys.batch`` frames (WIRE.md 7a) that
+  the receiving node splits back into the tells, each with its own id and ``seq``, handed to the actor
+  as one mailbox item (``InboundBatch``). The thread's next other send, or the I/O thread's timer
+  ``tell_linger`` later, sends what a channel holds: order per (src, dst) is the order of the calls.
 - Messages between actors of the same node never touch a socket. A message that is immutable all the way
   down (``Registry.shareable``) is handed over as it is, without an encode and a decode: sharing it is as
   isolated as a copy. Any other message, and every message while the node captures, still goes as its
