@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import itertools
 import math
 import threading
 import types
@@ -25,19 +26,18 @@ from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin, get_t
 
 import msgpack
 
-from transport.envelope import FLOWS, FORMAT_VERSION, Header, is_address
+from transport.envelope import FLOWS, FORMAT_VERSION, Header, Inbound, Route, is_address
 from transport.errors import (
     BusError,
     ErrorRegistry,
     HandlerError,
+    LimitExceeded,
     ProtocolError,
     RemoteError,
     cut_text,
 )
-
-# A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
-# registered messages; nesting is bounded by MAX_DEPTH.
-JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
+from transport.messages import ErrorReply  # the bodies sit below the codec that encodes them
+from transport.messages import JsonValue as JsonValue  # re-exported: where the layers above import it
 
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
@@ -168,6 +168,93 @@ def decode_header(frame: bytes, *, max_bytes: int = MAX_HEADER_BYTES) -> Header:
     return header
 
 
+# ------------------------------------------------------------------------------------------------ batch
+
+# A batch frame carries a burst of tells from one sender to one actor (WIRE.md section 7a): a header like
+# any other with kind ``sys.batch``, and a body that is a msgpack array of 3 slots per tell, in order:
+# id, kind, body. Every other header slot is the batch header's; the tells' ``seq`` numbers run on from the
+# batch header's (0: not numbered). One frame, one send, one header check, for up to ``MAX_BATCH_ITEMS``.
+BATCH_TAG = "sys.batch"
+MAX_BATCH_ITEMS = 1024
+BATCH_ITEM_OVERHEAD = 32  # msgpack bytes a tell costs in a batch besides its body and kind: a bound
+
+
+def encode_batch_body(items: list[Any]) -> bytes:
+    """The body of a batch frame from its flat ``[id, kind, body, id, kind, body, ...]`` list."""
+    try:
+        pack = _packers.batch
+    except AttributeError:
+        pack = _packers.batch = msgpack.Packer(use_bin_type=True).pack
+    return pack(items)  # type: ignore[no-any-return]
+
+
+def split_batch(
+    header: Header, body: bytes, route: Route | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
+) -> list[Inbound]:
+    """The tells of a batch frame whose ``header`` was admitted already, in order, each as the ``Inbound``
+    an actor's mailbox takes (with ``route``): its header is the batch header with the tell's own id,
+    kind and seq. Every failure is a ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body
+    past ``max_body_bytes``, or more than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
+    if header.flow != "tell":
+        raise ProtocolError(f"a {BATCH_TAG} frame has flow tell, not {header.flow!r}")
+    if len(body) > max_body_bytes:
+        raise LimitExceeded(
+            f"{BATCH_TAG} body of {len(body)} bytes exceeds {max_body_bytes}",
+            field="body",
+            limit=max_body_bytes,
+        )
+    try:
+        raw = msgpack.unpackb(
+            body,
+            raw=False,
+            use_list=False,
+            ext_hook=_reject_ext,
+            max_array_len=3 * MAX_BATCH_ITEMS,
+            max_map_len=0,
+        )
+    except ProtocolError:
+        raise
+    except ValueError as exc:  # msgpack: past max_array_len (or a map), or not msgpack at all
+        if "exceeds max_array_len" in str(exc):
+            raise LimitExceeded(
+                f"a {BATCH_TAG} holds at most {MAX_BATCH_ITEMS} tells",
+                field="items",
+                limit=MAX_BATCH_ITEMS,
+            ) from None
+        raise ProtocolError(f"undecodable {BATCH_TAG} body: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - msgpack raises ExtraData, StackError, TypeError, ...
+        raise ProtocolError(f"undecodable {BATCH_TAG} body: {type(exc).__name__}: {exc}") from None
+    if type(raw) is not tuple or not raw or len(raw) % 3:
+        raise ProtocolError(f"a {BATCH_TAG} body is a non-empty array of id, kind, body triples")
+    ids, kinds, bodies = raw[0::3], raw[1::3], raw[2::3]
+    # Whole-column checks (C loops); the slow walk below only names the first bad item.
+    if (
+        set(map(type, ids)) != _BYTES
+        or set(map(len, ids)) != _SIXTEEN
+        or set(map(type, kinds)) != _STR
+        or set(map(type, bodies)) != _BYTES
+        or BATCH_TAG in kinds
+    ):
+        for i, (id_, kind, item) in enumerate(zip(ids, kinds, bodies, strict=True)):
+            if type(id_) is not bytes or len(id_) != 16 or type(kind) is not str or type(item) is not bytes:
+                raise ProtocolError(f"{BATCH_TAG} item {i}: id (bin 16), kind (str), body (bin) expected")
+            if kind == BATCH_TAG:
+                raise ProtocolError(f"{BATCH_TAG} item {i}: a batch inside a batch")
+    src, dst, flow, ts, seq = header[2:7]
+    rest = header[7:]
+    seqs = range(seq, seq + len(ids)) if seq else itertools.repeat(0, len(ids))
+    new = _new_tuple
+    return [
+        new(Inbound, (new(Header, (id_, kind, src, dst, flow, ts, s, *rest)), item, route, None))
+        for id_, kind, item, s in zip(ids, kinds, bodies, seqs, strict=True)
+    ]
+
+
+_BYTES = frozenset((bytes,))
+_STR = frozenset((str,))
+_SIXTEEN = frozenset((16,))
+
+
 # ------------------------------------------------------------------------------------------------ body
 
 Converter = Callable[[Any, int], Any]
@@ -224,6 +311,9 @@ class Registry:
         self._by_tag: dict[str, type[Any]] = {}
         self._fields: dict[type[Any], tuple[str, ...]] = {}
         self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
+        # Per class: (name, the exact types a value of it passes unchanged, its converter) for each field
+        # (see _build).
+        self._plans: dict[type[Any], tuple[tuple[str, frozenset[type[Any]], Converter], ...]] = {}
         self._packers = threading.local()  # see encode_header
         for cls in types_:
             self._add(cls)
@@ -345,6 +435,26 @@ class Registry:
             raise ProtocolError(f"bad {kind} body: {exc}") from None
 
     def _build(self, cls: type[Any], raw: dict[str, Any], depth: int) -> Any:
+        plan = self._plans.get(cls)
+        if plan is not None and len(raw) == len(plan):
+            # Every field present and no other (the shape every kbus sender sends): a value of an exact
+            # type its converter returns unchanged skips the call, and the map itself is the arguments
+            # (the decoder's own dict: converted values replace their raw ones). Else the full walk.
+            for name, fast, conv in plan:
+                value = raw.get(name, _ABSENT)
+                if type(value) in fast:
+                    continue
+                if value is _ABSENT:
+                    break
+                try:
+                    raw[name] = conv(value, depth + 1)
+                except _Bad as exc:
+                    raise _Bad(f"{name}: {exc}") from None
+            else:
+                try:
+                    return cls(**raw)
+                except (TypeError, ValueError) as exc:  # __post_init__ validation of the class itself
+                    raise _Bad(str(exc)) from None
         kwargs: dict[str, Any] = {}
         seen = 0
         for name, conv, required in self._convert[cls]:
@@ -379,6 +489,27 @@ class Registry:
             )
             for f in fields
         )
+        self._plans[cls] = tuple(
+            (f.name, self._fast_types(hints[f.name]), conv)
+            for f, (_, conv, _) in zip(fields, self._convert[cls], strict=True)
+        )
+
+    def _fast_types(self, hint: Any) -> frozenset[type[Any]]:
+        """The exact types whose values the converter for ``hint`` returns as they are (possibly none)."""
+        origin = get_origin(hint)
+        if origin is Annotated:
+            return _ANY_FAST if "kbus.json" in hint.__metadata__ else self._fast_types(get_args(hint)[0])
+        if hint is Any or hint is object:
+            return _ANY_FAST
+        if hint is type(None) or hint in (str, bytes, bool, int, float, uuid.UUID):
+            return frozenset((hint,))
+        if origin in (Union, types.UnionType):
+            options = [self._fast_types(a) for a in get_args(hint)]
+            if not all(options):  # an option that converts (an enum, a nested message): always convert
+                return frozenset()
+            fast = frozenset().union(*options)
+            return fast - {int} if float in fast else fast  # `float | int` turns an int into a float
+        return frozenset()
 
     def _converter(self, hint: Any) -> Converter:
         origin = get_origin(hint)
@@ -460,8 +591,6 @@ class Registry:
     def error_reply(self, exc: BaseException, *, depth: int = 0) -> Any:
         """An ``ErrorReply`` body for ``exc``, with its cause chain (bounded: 5 levels, each message cut to
         ``MAX_ERROR_TEXT`` characters with its original size noted)."""
-        from transport.messages import ErrorReply
-
         cause_exc = exc.__cause__
         cause = self.error_reply(cause_exc, depth=depth + 1) if cause_exc is not None and depth < 4 else None
         if isinstance(exc, BusError):
@@ -484,8 +613,6 @@ class Registry:
         An error whose fields cannot travel (too large, or not encodable) goes without them and without its
         cause, its message saying so; failing that, a bare ``ProtocolError`` naming the error's class.
         """
-        from transport.messages import ErrorReply
-
         try:
             return self.encode(self.error_reply(exc))
         except Exception as first:  # noqa: BLE001 - any failure here falls back to a smaller error
@@ -519,6 +646,10 @@ class Registry:
         if reply.cause is not None:
             err.__cause__ = self.rebuild_error(reply.cause)
         return err
+
+
+_ABSENT = object()
+_ANY_FAST: frozenset[type[Any]] = frozenset((type(None), str, bytes, bool, int, float))
 
 
 def _exact(kind: type) -> Converter:

@@ -132,13 +132,14 @@ class Header(NamedTuple):
 Route = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
+class Inbound(NamedTuple):
     """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back.
 
     From a sender in the same process (and no capture), ``message`` is the sent message itself and ``body``
     is empty: the message was ``Registry.shareable`` (immutable all the way down), so handing it over is as
-    isolated as a copy, without the encode and the decode."""
+    isolated as a copy, without the encode and the decode.
+
+    A NamedTuple, like ``Header``: one is built per message received, a burst of them per batch frame."""
 
     header: Header
     body: bytes

@@ -24,10 +24,11 @@ import zmq
 from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
 from zmq.backend import zmq_poll
 
-from transport.envelope import Inbound
+from transport.codec import BATCH_TAG
+from transport.envelope import Inbound, InboundBatch
 from transport.errors import NotDelivered, ProtocolError
 from transport.security import SecurityError, user_id
-from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames
+from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames, send_routed
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -183,11 +184,13 @@ class SocketInbox:
             # A peer that took this socket for another actor's: tell it, rather than let it wait out its
             # deadline.
             node.stats.incr("misrouted")
-            node._fail_send(
-                header, NotDelivered(f"{header.dst} is not served here"), ("self", parts[0], self)
-            )
+            node.fail_send(header, NotDelivered(f"{header.dst} is not served here"), ("self", parts[0], self))
             return None
-        return Envelope(Inbound(header, parts[3], ("self", parts[0], self)))
+        route = ("self", parts[0], self)
+        if header.kind == BATCH_TAG:
+            tells = node.split_tells(header, parts[3], route, self._seq_seen)
+            return None if tells is None else Envelope(InboundBatch(tells))
+        return Envelope(Inbound(header, parts[3], route))
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> bool:
         """Answer over the connection a request came in on; False (counted) if the peer is gone or full."""
@@ -195,7 +198,10 @@ class SocketInbox:
         if sock is None:
             return False
         try:
-            send_frames(sock, [routing_id, b"", *frames])
+            if len(frames) == 2:
+                send_routed(sock, routing_id, frames[0], frames[1])
+            else:
+                send_frames(sock, [routing_id, b"", *frames])
         except zmq.ZMQError:
             self._node.stats.incr("dropped_replies")
             return False

@@ -1,8 +1,11 @@
 """The node's I/O thread: owns every bound ROUTER, every outbound DEALER and their monitors.
 
 It decodes headers (never bodies), authorises, and puts each inbound message straight into the target
-actor's mailbox; other threads hand it outbound frames through the node's outbox plus a wake-up pipe.
-It is also the node's one timer: it expires requests whose deadline passed.
+actor's mailbox; other threads hand it outbound commands through ``IoThread.put`` (its own queue plus a
+wake-up pipe). It is also the node's one timer: it expires requests whose deadline passed.
+
+It knows its node only through ``IoHost``, the public face the node shows it (this module never imports
+``transport.node``): the node owns the thread, the thread serves the node.
 """
 
 from __future__ import annotations
@@ -10,21 +13,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import zmq
 
-from transport.codec import encode_header
-from transport.envelope import REPLY_FLOWS, Header, Inbound, Route, node_of
-from transport.errors import NotDelivered, ProtocolError, Unavailable
+from transport.codec import BATCH_TAG, Registry, encode_header
+from transport.envelope import REPLY_FLOWS, Flow, Header, Inbound, Route, node_of
+from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
+from transport.logs import LogLimiter
 from transport.messages import ErrorReply, Hello, NodeStats, Resolve, Resolved, StatsQuery
-from transport.security import SecurityError, user_id
+from transport.pending import PendingTable, Timers
+from transport.security import Security, SecurityError, user_id
 from transport.sockets import (
+    Ctx,
     Peer,
     Sock,
+    SocketOptions,
     handshake_refusal,
     make_dealer,
     make_router,
@@ -34,21 +43,78 @@ from transport.sockets import (
     send_frames,
 )
 
-if TYPE_CHECKING:
-    from transport.node import Node
-
 log = logging.getLogger("transport.node")
 
 MAX_ROUTES = 16384  # nodes known by the hello on their inbound connection; the oldest is forgotten past it
 
 
-class IoThread(threading.Thread):
-    """Owns every socket of the node; see the Node docstring."""
+class Counters(Protocol):
+    def incr(self, name: str, n: int = 1) -> None: ...
 
-    def __init__(self, node: Node) -> None:
+
+class IoHost(Protocol):
+    """What the I/O thread needs of its node: its settings and tables, and the routing it does for it.
+
+    ``transport.node.Node`` is the one implementation; every member is public on it.
+    """
+
+    name: str
+    context: Ctx
+    options: SocketOptions
+    security: Security
+    registry: Registry
+    pending: PendingTable
+    timers: Timers
+    log_limit: LogLimiter
+    monotonic: Callable[[], float]
+
+    @property
+    def stats(self) -> Counters: ...
+
+    @property
+    def directory_address(self) -> str: ...
+
+    def admit(
+        self, head: bytes, auth: str | None, seq_seen: OrderedDict[tuple[str, str], int]
+    ) -> Header | None: ...
+
+    def lookup(self, name: str) -> Any: ...
+
+    def deliver_local(
+        self, header: Header, body: bytes, route: Route | None = None, *, message: Any = None
+    ) -> None: ...
+
+    def deliver_batch(self, actor_key: str, ref: Any, batch: list[Inbound]) -> None: ...
+
+    def split_tells(
+        self,
+        header: Header,
+        body: bytes,
+        route: Route | None,
+        seq_seen: OrderedDict[tuple[str, str], int],
+    ) -> list[Inbound] | None: ...
+
+    def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None: ...
+
+    def direct_endpoints(self, actor: str) -> tuple[str, ...]: ...
+
+    def stats_report(self) -> Any: ...
+
+    def header(self, kind: str, src: str, dst: str, flow: Flow, *, corr: bytes | None = None) -> Header: ...
+
+
+class IoThread(threading.Thread):
+    """Owns every socket of the node; see the Node docstring. ``binds``: the endpoints to bind, in order
+    (what they became, e.g. a tcp port picked by the OS, is ``endpoints`` once ``ready`` is set)."""
+
+    def __init__(self, node: IoHost, binds: tuple[str, ...]) -> None:
         super().__init__(name=f"kbus-io-{node.name}", daemon=True)
         self.node = node
+        self.binds = binds
+        self.endpoints: tuple[str, ...] = ()
         self.ready = threading.Event()
+        # Commands from other threads: ("send" | "reply" | "connect" | "call" | "stop", ...); see put().
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.failure: BaseException | None = None
         self.poll_until = 0.0  # monotonic time the current poll may sleep until
         self.input_failures = 0
@@ -74,17 +140,22 @@ class IoThread(threading.Thread):
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\x01")
 
+    def put(self, command: tuple[Any, ...]) -> None:
+        """Hand the thread a command (from any thread) and wake it; it runs in the order put."""
+        self._commands.put(command)
+        self.wake()
+
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> None:
         node = self.node
         try:
             endpoints = []
-            for endpoint in node._binds:
+            for endpoint in self.binds:
                 sock = make_router(node.context, endpoint, node.options, node.security, node.name)
                 self.routers.append((sock, node.security.uses_curve(endpoint)))
                 self.poller.register(sock, zmq.POLLIN)
                 endpoints.append(str(sock.getsockopt_string(zmq.LAST_ENDPOINT)))
-            node.endpoints = tuple(endpoints)
+            self.endpoints = tuple(endpoints)
             self.poller.register(self._wake_r, zmq.POLLIN)
         except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it
             self.failure = exc
@@ -130,7 +201,7 @@ class IoThread(threading.Thread):
             # Drain the outbox after every poll: a wake-up may have been merged with socket events.
             # This thread is the only reader: not empty() means get_nowait() has an item (no Empty raised
             # on every turn of the loop).
-            outbox = node._outbox
+            outbox = self._commands
             while not outbox.empty():
                 item = outbox.get_nowait()
                 if item[0] == "stop":
@@ -222,6 +293,32 @@ class IoThread(threading.Thread):
         header = node.admit(head, auth, self.seq_seen)
         if header is None:
             return
+        if header.kind == BATCH_TAG:
+            self._route_batch(header, body, route)
+            return
+        self._route_header(header, body, route)
+
+    def _route_batch(self, header: Header, body: bytes, route: Route) -> None:
+        """A burst of tells in one frame: split, and each one routed as if it had come on its own (for an
+        actor that takes batches: into the batch the drain hands over, with no per-tell lookup)."""
+        tells = self.node.split_tells(header, body, route, self.seq_seen)
+        if tells is None:
+            return
+        dst = header.dst
+        if dst.startswith(self._prefix) and dst != self._directory:
+            actor_key = dst[len(self._prefix) :]
+            ref = self.node.lookup(actor_key)
+            if ref is not None and getattr(getattr(ref, "actor_class", None), "TAKES_INBOUND_BATCH", False):
+                if ref is not self._batch_ref:
+                    self._flush()
+                    self._batch_ref, self._batch_key = ref, actor_key
+                self._batch += tells
+                return
+        for tell in tells:
+            self._route_header(tell.header, tell.body, route)
+
+    def _route_header(self, header: Header, body: bytes, route: Route) -> None:
+        node = self.node
         dst = header.dst
         # A request or tell for a local actor (node_of(dst) == node.name: addresses were validated).
         if header.flow not in REPLY_FLOWS and dst.startswith(self._prefix) and dst != self._directory:
@@ -252,7 +349,7 @@ class IoThread(threading.Thread):
             return
         if node_of(dst) != node.name:
             node.stats.incr("misrouted")
-            node._fail_send(header, NotDelivered(f"{dst} is not on node {node.name}"), route)
+            node.fail_send(header, NotDelivered(f"{dst} is not on node {node.name}"), route)
             return
         node.stats.incr("hops_to_actor")
         node.deliver_local(header, body, route)
@@ -294,8 +391,8 @@ class IoThread(threading.Thread):
 
     def _scheme_of(self, route: Route) -> str:
         """``tcp://``, ``ipc://`` or ``inproc://``: how the connection a message came in on was made."""
-        if route[0] == "r" and route[1] < len(self.node.endpoints):
-            endpoint = self.node.endpoints[route[1]]
+        if route[0] == "r" and route[1] < len(self.endpoints):
+            endpoint = self.endpoints[route[1]]
         elif route[0] == "d" and route[1] in self.dealers:
             endpoint = self.dealers[route[1]][2].endpoint
         else:
@@ -326,17 +423,17 @@ class IoThread(threading.Thread):
             elif (route := self.routes.get(dst_node)) is not None:
                 self._via_route(route, frames)
             else:
-                node._fail_send(header, NotDelivered(f"no route to node {dst_node}"))
+                node.fail_send(header, NotDelivered(f"no route to node {dst_node}"))
                 return
             if header.is_request:
                 # From here a lost connection leaves the outcome unknown (fail_peer: Unavailable).
                 node.pending.mark_sent(header.id)
         except zmq.Again:
             node.stats.incr("not_delivered")
-            node._fail_send(header, NotDelivered(f"node {dst_node}: not connected, or its queue is full"))
+            node.fail_send(header, NotDelivered(f"node {dst_node}: not connected, or its queue is full"))
         except zmq.ZMQError as exc:
             node.stats.incr("not_delivered")
-            node._fail_send(header, NotDelivered(f"node {dst_node}: {exc}"))
+            node.fail_send(header, NotDelivered(f"node {dst_node}: {exc}"))
 
     def _via_route(self, route: Route, frames: list[bytes]) -> None:
         if route[0] == "r":

@@ -1,4 +1,4 @@
-"""The transport's own message bodies: heartbeat, echo, hello, ok and the error reply.
+"""The transport's own message bodies: heartbeat, echo, hello, ok and the error reply; and ``JsonValue``.
 
 Every body is a frozen, slotted, keyword-only dataclass with a written-out ``TAG``. Other layers declare
 theirs the same way and pass an explicit tuple to ``transport.codec.Registry``.
@@ -7,9 +7,13 @@ theirs the same way and pass an explicit tuple to ``transport.codec.Registry``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypeAlias
 
-from transport.codec import JsonValue
+# A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
+# registered messages; nesting is bounded by the codec's MAX_DEPTH. Defined here, below the codec, so that
+# the codec may import these bodies (``ErrorReply``) and no module of the transport imports in a circle;
+# ``transport.codec`` re-exports it.
+JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,11 @@ Threads and sockets:
 - The **I/O thread** owns every bound ROUTER, every outbound DEALER and their monitors. It decodes headers
   (never bodies), authorises, and puts each inbound message straight into the target actor's mailbox.
 - Other threads hand outbound frames to it through a queue plus an eventfd wake-up (one hop).
-- A plain thread that *blocks* on a request to a peer uses its own ``Channel`` (fast path, no hop).
+- A plain thread that *blocks* on a request to a peer uses its own ``Channel`` (fast path, no hop). Its
+  tells take the same channel; a burst of them is coalesced into ``sys.batch`` frames (WIRE.md 7a) that
+  the receiving node splits back into the tells, each with its own id and ``seq``, handed to the actor
+  as one mailbox item (``InboundBatch``). The thread's next other send, or the I/O thread's timer
+  ``tell_linger`` later, sends what a channel holds: order per (src, dst) is the order of the calls.
 - Messages between actors of the same node never touch a socket. A message that is immutable all the way
   down (``Registry.shareable``) is handed over as it is, without an encode and a decode: sharing it is as
   isolated as a copy. Any other message, and every message while the node captures, still goes as its
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -29,7 +32,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import pykka
 import zmq
 
-from transport.codec import MAX_HEADER_BYTES, Registry, decode_header, encode_header
+from transport.codec import (
+    BATCH_ITEM_OVERHEAD,
+    MAX_HEADER_BYTES,
+    Registry,
+    decode_header,
+    encode_header,
+    split_batch,
+)
 from transport.envelope import (
     FORMAT_VERSION,
     Address,
@@ -76,6 +86,8 @@ DEFAULT_TIMEOUT = 30.0
 _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered for gap detection
 _SEQ_SENDERS = 16384  # (src, dst) pairs a thread numbers its sends for
 _SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
+MAX_HELD = 256  # tells a plain thread's channel holds for one batch frame at most (see _channel_tell)
+TELL_LINGER = 0.001  # seconds: a tell this soon after the previous one on its channel is held
 _new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
 
@@ -104,6 +116,38 @@ STATS_ALWAYS: tuple[str, ...] = (
     "actor_input_failures",
     "answer_send_failures",
 )
+
+
+class _Lane:
+    """A plain thread's way to one actor it has told before: the channel its tells take, cached (one per
+    thread and destination; see ``Node._hold``)."""
+
+    __slots__ = ("channel", "direct", "dst", "peer", "seqs", "src")
+
+    def __init__(
+        self,
+        channel: Channel,
+        peer: Peer,
+        direct: Peer | None,
+        src: str,
+        dst: str,
+        seqs: dict[tuple[str, str], int],
+    ) -> None:
+        self.channel = channel
+        self.peer = peer
+        self.direct = direct
+        self.src = src
+        self.dst = dst
+        self.seqs = seqs  # the thread's own per-(src, dst) numbering (Node._next_seq)
+
+    def usable(self, peers: dict[str, Peer]) -> bool:
+        """Still the way for a tell: its channel open and connected, its peer not replaced by ``connect``."""
+        channel = self.channel
+        return channel.ready and not channel.closed and peers.get(self.peer.name) is self.peer
+
+    def open(self, peers: dict[str, Peer]) -> bool:
+        """Still the way for a request (which waits for the connection itself): open, same peer."""
+        return not self.channel.closed and peers.get(self.peer.name) is self.peer
 
 
 class Stats:
@@ -173,6 +217,7 @@ class Node:
         options: SocketOptions | None = None,
         context: Ctx | None = None,
         request_timeout: float = DEFAULT_TIMEOUT,
+        tell_linger: float = TELL_LINGER,
         max_header_bytes: int = MAX_HEADER_BYTES,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -187,6 +232,7 @@ class Node:
         self.options = options or SocketOptions(max_message_bytes=self.registry.max_body_bytes + 65536)
         self.context: Ctx = context or zmq.Context.instance()
         self.request_timeout = request_timeout
+        self.tell_linger = tell_linger
         self.max_header_bytes = max_header_bytes
         self.clock = clock
         self.monotonic = monotonic
@@ -207,7 +253,6 @@ class Node:
         self._direct: dict[str, tuple[str, ...]] = {}  # actor -> endpoints of its own socket
         self._counts: dict[str, ActorCounts] = {}  # actor -> its counters (sys.stats)
         self._tell_error_listeners: list[Callable[[BusError, bytes | None], None]] = []
-        self._outbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._tls = threading.local()
         self._channels: list[Channel] = []
         self._channels_lock = threading.Lock()
@@ -263,7 +308,7 @@ class Node:
             if self.security.keys is None:
                 raise SecurityError(f"node {self.name}: a CURVE bind needs this node's key pair")
             ZapService.register(self.context, self.name, self.security.allow)
-        self._io = IoThread(self)
+        self._io = IoThread(self, self._binds)
         self._io.start()
         if not self._io.ready.wait(timeout):
             raise RuntimeError(f"node {self.name}: I/O thread did not start within {timeout}s")
@@ -273,6 +318,7 @@ class Node:
             self._io = None
             ZapService.unregister(self.context, self.name)
             raise failure
+        self.endpoints = self._io.endpoints
         self._running = True
         for endpoint in self.endpoints:
             self._warn_if_plain(endpoint, "listens on")
@@ -303,6 +349,14 @@ class Node:
             return ()
         self._running = False
         deadline = self.monotonic() + timeout
+        with self._channels_lock:
+            channels = list(self._channels)
+        for channel in channels:  # tells still held leave first (bounded: an owner mid-call keeps its lock)
+            if channel.held_head is not None and channel.lock.acquire(timeout=0.5):
+                try:
+                    self._flush_held(channel)
+                finally:
+                    channel.lock.release()
         stuck: list[str] = []
         for key, ref in list(self._actors.items()):
             wait = max(0.2, deadline - self.monotonic())
@@ -492,12 +546,75 @@ class Node:
 
     def request(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Any:
         """Send ``message`` to actor ``dst`` and block for its reply (raises the typed error instead)."""
+        if not fields:
+            # A plain thread asking an actor it has asked or told before: its lane (no lookups).
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lane = lanes.get(dst)
+                if lane is not None and self._running and lane.open(self._peers):
+                    return self._lane_ask(lane, message, self.request_timeout if timeout is None else timeout)
         forbid_blocking("Node.request()")
         timeout = self.request_timeout if timeout is None else timeout
         peer = self._peers.get(node_of(dst))
         if peer is None or node_of(dst) == self.name:
             return self.request_future(dst, message, timeout=timeout, **fields).result(timeout + 1.0)
-        return self._channel_ask(peer, dst, message, timeout, fields)
+        reply = self._channel_ask(peer, dst, message, timeout, fields)
+        self._make_lane(peer, dst)
+        return reply
+
+    def _lane_ask(self, lane: _Lane, message: Any, timeout: float) -> Any:
+        """``_channel_ask`` over a known lane: the same frames and outcomes, with what is known reused."""
+        self._flush_mine()
+        now = self.monotonic()
+        deadline = now + timeout
+        body = self.registry.encode(message)  # raises for what is not a registered message
+        src, dst = lane.src, lane.dst
+        key = (src, dst)
+        seqs = lane.seqs
+        seq = seqs.get(key, 0) + 1
+        seqs[key] = seq
+        wall = self.clock()
+        deadline_at = wall + timeout
+        # Positional, in Header's field order (see header()); no fields beyond the defaults.
+        slots = (self.ids(), message.TAG, src, dst, "ask", wall, seq, None, None, None, None, None, 1)
+        header = _new_header(Header, (*slots, deadline_at, None, FORMAT_VERSION))
+        frames = [encode_header(header), body]
+        capture = self.capture
+        if capture is not None:
+            capture.record("send", src, frames)
+        channel = lane.channel
+        try:
+            channel.send(frames, min(deadline, now + 1.0) if lane.direct is not None else deadline)
+        except NotDelivered:
+            if lane.direct is None:
+                raise
+            # A stale direct endpoint: forget it and go through the node (nothing was sent: safe).
+            self._tls.direct.pop(dst, None)
+            self._tls.lanes.pop(dst, None)
+            self.stats.incr("direct_fallbacks")
+            channel = self._channel(lane.peer)
+            channel.send(frames, deadline)
+        reply, reply_body = channel.next_reply(header, deadline)
+        if capture is not None:
+            capture.record("deliver", src, [encode_header(reply), reply_body])
+        return raise_if_error(self.registry, reply, reply_body)
+
+    def _make_lane(self, peer: Peer, dst: str) -> None:
+        """Remember this thread's way to ``dst`` (after a first send there resolved it)."""
+        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+        if cache is None or dst not in cache:
+            return  # not resolved (the directory did not answer): the next call asks again
+        lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+        if lanes is None:
+            lanes = self._tls.lanes = {}
+        if dst in lanes:
+            return
+        if len(lanes) >= _SEQ_SENDERS:
+            del lanes[next(iter(lanes))]
+        direct = cache[dst]
+        channel = self._channel(direct or peer)
+        if not channel.closed:
+            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq)
 
     def stream(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Iterator[Any]:
         """Send a streamed request; yield each partial reply, then the final one. ``timeout`` bounds all."""
@@ -516,6 +633,7 @@ class Node:
     ) -> Iterator[Any]:
         if not self._running:
             raise Unavailable(f"node {self.name} is not running")
+        self._flush_mine()
         deadline = self.monotonic() + timeout
         direct = self._direct_peer(peer, dst, deadline)
         if direct is not None:
@@ -542,6 +660,7 @@ class Node:
         """``_channel_call`` for one plain reply, without generator layers (the hot path of the bench)."""
         if not self._running:
             raise Unavailable(f"node {self.name} is not running")
+        self._flush_mine()
         deadline = self.monotonic() + timeout
         cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
         direct = cache.get(dst, peer) if cache is not None else peer
@@ -576,7 +695,10 @@ class Node:
         channel = channels.get(peer.endpoint)
         if channel is None or channel.closed or (channel.peer is not peer and channel.peer != peer):
             if channel is not None:
-                channel.close()
+                with channel.lock:  # tells it still holds leave (or are reported) before it closes
+                    if not channel.closed:
+                        self._flush_held(channel)
+                    channel.close()
             channel = Channel(
                 self.context,
                 peer,
@@ -664,6 +786,13 @@ class Node:
     def tell(self, dst: str, message: Any, *, src: str | None = None, **fields: Any) -> bytes:
         """One-way send; returns the message id. A handler error comes back as a tell error (see
         ``on_tell_error``); delivery failures known at once are reported the same way."""
+        if src is None and not fields:
+            # A plain thread's next tell on a lane it has used: straight to its channel (see _hold).
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lane = lanes.get(dst)
+                if lane is not None and self._running and lane.usable(self._peers):
+                    return self._hold(lane, message)
         if src is None and current_actor() is None and self._running:
             peer = self._peers.get(node_of(dst))
             if peer is not None and peer.name != self.name:
@@ -676,13 +805,87 @@ class Node:
 
     def _channel_tell(self, peer: Peer, dst: str, message: Any, fields: dict[str, Any]) -> bytes:
         """A plain thread's tell goes over the same connection as its blocking requests: one FIFO stream
-        per (thread, actor), so a tell is never overtaken by a later request (MB-05), and no hop."""
+        per (thread, actor), so a tell is never overtaken by a later request (MB-05), and no hop. The
+        first tell to ``dst`` (or one with header fields) goes at once and makes the thread a lane to
+        ``dst`` for the next ones (``_hold``)."""
+        self._flush_mine()
+        registry = self.registry
+        tell_id = self._tell_now(
+            peer, dst, None, registry.tag_of(message), registry.encode(message), fields, True
+        )
+        self._make_lane(peer, dst)
+        lane = self._tls.lanes.get(dst) if hasattr(self._tls, "lanes") else None
+        if lane is not None:
+            lane.channel.last_tell = self.monotonic()
+        return tell_id
+
+    def _hold(self, lane: _Lane, message: Any) -> bytes:
+        """A tell over ``lane``: coalesced when it follows the channel's previous one within
+        ``tell_linger``. What is held leaves as one ``sys.batch`` frame (WIRE.md 7a) when ``MAX_HELD`` are
+        held, when this thread next sends anything else over the bus, or ``tell_linger`` after the first
+        was held (then the I/O thread sends it, under the channel's lock). A tell after a pause leaves at
+        once. Order and per-(src, dst) ``seq`` are those of the calls; capture records each tell."""
+        now = self.monotonic()
+        channel = lane.channel
+        registry = self.registry
+        body = registry.encode(message)  # raises for what is not a registered message
+        kind: str = message.TAG
+        dst = lane.dst
+        with channel.lock:
+            head = channel.held_head
+            if head is not None and (
+                head.dst != dst
+                or len(channel.held) >= 3 * MAX_HELD
+                or channel.held_bytes + len(body) + BATCH_ITEM_OVERHEAD * (len(channel.held) // 3 + 1)
+                > registry.max_body_bytes // 2
+            ):
+                self._flush_held(channel)
+                head = None
+            recent = now - channel.last_tell < self.tell_linger
+            channel.last_tell = now
+            if head is None:
+                if not recent:
+                    return self._tell_now(lane.peer, dst, lane.direct, kind, body, {})
+                header = self.header(kind, lane.src, dst, "tell")
+                channel.hold(header, body)
+                if not channel.flush_due:
+                    channel.flush_due = True
+                    self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
+            else:
+                key = (lane.src, dst)
+                seqs = lane.seqs
+                seq = seqs.get(key, 0) + 1
+                seqs[key] = seq
+                tell_id = self.ids()
+                channel.held += (tell_id, kind, body)
+                channel.held_bytes += len(body) + len(kind)
+                if self.capture is None:
+                    return tell_id
+                # The header split_batch rebuilds for it on the far side: the first held tell's slots.
+                header = _new_header(Header, (tell_id, kind, lane.src, dst, "tell", head.ts, seq, *head[7:]))
+            if self.capture is not None:
+                self.capture.record("send", lane.src, [encode_header(header), body])
+            return header.id
+
+    def _tell_now(
+        self,
+        peer: Peer,
+        dst: str,
+        direct: Peer | None,
+        kind: str,
+        body: bytes,
+        fields: dict[str, Any],
+        resolve: bool = False,
+    ) -> bytes:
         deadline = self.monotonic() + self.request_timeout
-        cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
-        direct = cache[dst] if cache is not None and dst in cache else self._direct_peer(peer, dst, deadline)
+        if resolve:
+            cache: dict[str, Peer | None] | None = getattr(self._tls, "direct", None)
+            direct = (
+                cache[dst] if cache is not None and dst in cache else self._direct_peer(peer, dst, deadline)
+            )
         src = self.client_address()
-        header = self.header(self.registry.tag_of(message), src, dst, "tell", **fields)
-        frames = [encode_header(header), self.registry.encode(message)]
+        header = self.header(kind, src, dst, "tell", **fields)
+        frames = [encode_header(header), body]
         if self.capture is not None:
             self.capture.record("send", src, frames)
         channel = self._channel(direct or peer)
@@ -693,12 +896,51 @@ class Node:
                 self._report_tell_error(exc, header.id)
                 return header.id
             self._tls.direct.pop(dst, None)
+            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
+            if lanes is not None:
+                lanes.pop(dst, None)
             self.stats.incr("direct_fallbacks")
             try:
                 self._channel(peer).send(frames, deadline)
             except NotDelivered as again:
                 self._report_tell_error(again, header.id)
         return header.id
+
+    def _flush_held(self, channel: Channel) -> None:
+        """Send the tells ``channel`` holds (the caller holds its lock); those that cannot leave are
+        reported ``NotDelivered``, each by its own id."""
+        if len(channel.held) > 3:
+            self.stats.incr("tell_batches_sent")
+        failed, error = channel.flush_held(self.ids())
+        if error is not None:
+            self.stats.incr("not_delivered", len(failed))
+            for tell_id in failed:
+                self._report_tell_error(error, tell_id)
+
+    def _flush_mine(self) -> None:
+        """Before this thread sends anything else: the tells its channels hold leave first (MB-05)."""
+        channels: dict[str, Channel] | None = getattr(self._tls, "channels", None)
+        if channels:
+            for channel in channels.values():
+                if channel.held_head is not None:
+                    with channel.lock:
+                        channel.flush_due = False
+                        self._flush_held(channel)
+
+    def _flush_later(self, channel: Channel) -> None:
+        """On the I/O thread, ``tell_linger`` after a channel began holding tells: send them unless its
+        owner is using the socket (then the owner's own send flushes them first, or, if the owner was only
+        adding a tell, this tries again shortly). Never blocks."""
+        if not channel.lock.acquire(blocking=False):
+            if channel.flush_due:
+                self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel))
+            return
+        try:
+            channel.flush_due = False
+            if not channel.closed:
+                self._flush_held(channel)
+        finally:
+            channel.lock.release()
 
     def _report_tell_error(self, error: BusError, tell_id: bytes) -> None:
         self.stats.incr("tell_errors")
@@ -780,6 +1022,16 @@ class Node:
         """Send one envelope from any thread. For a request, ``deliver`` receives each reply (or the
         terminal error) on whichever thread resolves it; it must not block. ``message`` (with an empty
         ``body``) is a message ``local_message`` let go unencoded to an actor of this node."""
+        if route is not None and route[0] == "self" and deliver is None and message is None:
+            # An answer over a direct actor's own socket, from that actor's thread (its owner).
+            frames = [encode_header(header), body]
+            if self.capture is not None:
+                self.capture.record("send", header.src, frames)
+            if not self._running:
+                self.fail_send(header, NotDelivered(f"node {self.name} is not running"))
+            elif not route[2].send(route[1], frames):
+                self.fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
+            return
         if timeout is not None and not math.isfinite(timeout):
             # A NaN or infinite wait would never expire, and a NaN at the head of the deadline heap would
             # stop every other request behind it from expiring (it once ended the I/O thread).
@@ -798,14 +1050,14 @@ class Node:
             if io is not None and deadline < io.poll_until:
                 io.wake()  # the I/O thread sleeps past this deadline: let it re-arm its timer
         if not self._running:
-            self._fail_send(header, NotDelivered(f"node {self.name} is not running"))
+            self.fail_send(header, NotDelivered(f"node {self.name} is not running"))
             return
         if message is not None:
             self.deliver_local(header, body, message=message)
         elif route is not None and route[0] == "self":
             # Over a direct actor's own socket: this is that actor's thread, the socket's owner.
             if not route[2].send(route[1], frames):
-                self._fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
+                self.fail_send(header, NotDelivered(f"{header.dst}: connection gone"), None)
         elif header.is_reply and route is not None:
             self._outbox_put(("reply", route, frames, header))
         elif dst_node == self.name:
@@ -833,13 +1085,13 @@ class Node:
                 self._client_tell_error(header, body)
                 return
             self.stats.incr("not_delivered")
-            self._fail_send(header, NotDelivered(f"no actor {header.dst}"), route)
+            self.fail_send(header, NotDelivered(f"no actor {header.dst}"), route)
             return
         try:
             ref.tell(Inbound(header, body, route, message))
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
-            self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
+            self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
 
     def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound]) -> None:
         """Put messages that arrived together for one actor into its mailbox as one item (the actor's
@@ -850,7 +1102,7 @@ class Node:
             self.unregister(actor_key, ref)
             for inbound in batch:
                 header = inbound.header
-                self._fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
+                self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
 
     def reply_of(self, header: Header, body: bytes) -> Reply:
         try:
@@ -919,6 +1171,39 @@ class Node:
             return None
         return header
 
+    def split_tells(
+        self,
+        header: Header,
+        body: bytes,
+        route: Route | None,
+        seq_seen: OrderedDict[tuple[str, str], int],
+    ) -> list[Inbound] | None:
+        """The tells of an admitted ``sys.batch`` frame, in order, as mailbox items (see
+        ``codec.split_batch``), its last ``seq`` remembered for gap detection. A malformed or oversized
+        batch is counted (``malformed_batches``) and answered to its sender as one error tell whose
+        ``corr`` is the batch's id; None then (nothing of it is delivered)."""
+        try:
+            tells = split_batch(header, body, route, max_body_bytes=self.registry.max_body_bytes)
+        except BusError as exc:
+            self.stats.incr("malformed_batches")
+            self.log_limit.log(
+                log,
+                logging.INFO,
+                "malformed_batch",
+                "node %s: refused a batch from %s: %s",
+                self.name,
+                header.src,
+                exc,
+            )
+            self.fail_send(header, exc, route)
+            return None
+        self.stats.incr("tell_batches_received")
+        if header.seq and len(tells) > 1:
+            key = (header.src, header.dst)
+            if key in seq_seen:
+                seq_seen[key] = header.seq + len(tells) - 1
+        return tells
+
     @property
     def directory_address(self) -> str:
         return f"{self.name}/node"
@@ -940,7 +1225,7 @@ class Node:
         error = error_of(self.registry, header, body) or ProtocolError("empty tell error")
         self._report_tell_error(error, header.corr or b"")
 
-    def _fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None:
+    def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None:
         """A send that is known to have failed: the request's waiter or the tell's sender hears of it."""
         if header.is_request and header.id in self.pending:
             self.pending.resolve(header.id, Reply(None, error, True))
@@ -960,11 +1245,10 @@ class Node:
             self.stats.incr("dropped_replies")
 
     def _outbox_put(self, item: tuple[Any, ...]) -> None:
-        self._outbox.put(item)
         io = self._io
-        if io is not None:
+        if io is not None:  # else the node is not running: nothing would ever read it
             self.stats.incr("hops_to_io")
-            io.wake()
+            io.put(item)
 
     def call_at(self, at: float, callback: Callable[[], None]) -> int:
         """Run ``callback`` on the I/O thread once ``self.monotonic() >= at`` (it must not block); returns

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import zmq
 from zmq.backend import zmq_poll as _zmq_poll
 from zmq.utils.monitor import recv_monitor_message
 
-from transport.codec import Registry, decode_header
+from transport.codec import BATCH_TAG, Registry, decode_header, encode_batch_body, encode_header
 from transport.envelope import Header, node_of
 from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import ErrorReply
@@ -54,6 +55,15 @@ def send_envelope(sock: Sock, first: bytes, header: bytes, body: bytes) -> None:
     """``send_frames`` for the usual three frames (delimiter or routing id, header, body): no loop."""
     send = _BaseSocket.send
     send(sock, first, _SNDMORE_NOBLOCK)
+    send(sock, header, _SNDMORE_NOBLOCK)
+    send(sock, body, NOBLOCK)
+
+
+def send_routed(sock: Sock, routing_id: bytes, header: bytes, body: bytes) -> None:
+    """``send_frames`` for an answer on a ROUTER: routing id, delimiter, header, body; no loop."""
+    send = _BaseSocket.send
+    send(sock, routing_id, _SNDMORE_NOBLOCK)
+    send(sock, b"", _SNDMORE_NOBLOCK)
     send(sock, header, _SNDMORE_NOBLOCK)
     send(sock, body, NOBLOCK)
 
@@ -238,6 +248,49 @@ class Channel:
         self.on_tell: Callable[[Header, bytes], None] | None = None
         self.refusal: str | None = None
         self.closed = False
+        # Tells held for one batch frame (WIRE.md 7a; Node._channel_tell decides what is held). Only the
+        # owner thread adds to them; the owner, or the node's I/O thread when the owner has moved on,
+        # sends them. Every use of the socket is under ``lock``: libzmq lets a socket move between threads
+        # behind a full memory barrier, and a lock is one.
+        self.lock = threading.RLock()
+        self.held_head: Header | None = None  # the first held tell's header: the batch shares its slots
+        self.held: list[Any] = []  # id, kind, body of each held tell, flat
+        self.held_bytes = 0
+        self.flush_due = False  # a flush is set on the node's timer for what is held
+        self.last_tell = float("-inf")  # monotonic time of the last tell this channel took
+
+    def hold(self, header: Header, body: bytes) -> None:
+        """Hold a tell (owner thread, under ``lock``): ``header`` is the first held one's or shares its
+        slots but id, kind and seq (``split_batch`` rebuilds it so on the far side)."""
+        if self.held_head is None:
+            self.held_head = header
+        self.held += (header.id, header.kind, body)
+        self.held_bytes += len(body) + len(header.kind)
+
+    def flush_held(self, batch_id: bytes) -> tuple[list[bytes], BusError | None]:
+        """Send what is held (under ``lock``): one tell as it is, more as one ``sys.batch`` frame with id
+        ``batch_id``. Returns the ids of the tells that could not leave and why (none: ``[], None``)."""
+        head = self.held_head
+        if head is None:
+            return [], None
+        items = self.held
+        self.held_head, self.held, self.held_bytes = None, [], 0
+        # Errors that came back for earlier tells, and monitor events, first (what Channel.tell did).
+        for sock, _ in _zmq_poll(self._both, 0):
+            if sock is self.sock:
+                self.drain()
+            else:
+                while readable(self.monitor):
+                    self._monitor()
+        if len(items) == 3:
+            frames = [encode_header(head), items[2]]
+        else:
+            frames = [encode_header(head._replace(id=batch_id, kind=BATCH_TAG)), encode_batch_body(items)]
+        try:
+            self._send(frames)
+        except NotDelivered as exc:
+            return list(items[0::3]), exc
+        return [], None
 
     def close(self) -> None:
         if not self.closed:
@@ -275,8 +328,9 @@ class Channel:
                 self._monitor()
 
     def send(self, frames: list[bytes], connect_by: float) -> None:
-        self._wait_ready(connect_by)
-        self._send(frames)
+        with self.lock:
+            self._wait_ready(connect_by)
+            self._send(frames)
 
     def _send(self, frames: list[bytes]) -> None:
         try:
@@ -289,6 +343,10 @@ class Channel:
 
     def tell(self, frames: list[bytes], connect_by: float) -> None:
         """``drain()`` then ``send()``, with one look at both sockets instead of one each (a tell's path)."""
+        with self.lock:
+            self._tell(frames, connect_by)
+
+    def _tell(self, frames: list[bytes], connect_by: float) -> None:
         ready = _zmq_poll(self._both, 0)
         if ready:
             for sock, _ in ready:
@@ -303,6 +361,10 @@ class Channel:
 
     def next_reply(self, header: Header, deadline: float) -> tuple[Header, bytes]:
         """The next reply (partial or final) to ``header``; other frames are dropped and counted."""
+        with self.lock:
+            return self._next_reply(header, deadline)
+
+    def _next_reply(self, header: Header, deadline: float) -> tuple[Header, bytes]:
         sock = self.sock
         dropped = False
         while True:
@@ -354,6 +416,10 @@ class Channel:
 
     def drain(self) -> None:
         """Take in whatever has arrived unasked (tell errors) without waiting."""
+        with self.lock:
+            self._drain()
+
+    def _drain(self) -> None:
         sock = self.sock
         while readable(sock):
             parts = recv_frames(sock)

@@ -52,15 +52,24 @@ end, compaction and transcript changes) are also fsync'd, so they survive a mach
 (``message_appended`` of a tool result, which the tool host's effect store holds durably as well) ride on the
 next fsync. ``Sync.ALWAYS`` fsyncs every record; ``Sync.NEVER`` only flushes (a process crash loses nothing,
 a power loss may).
+
+Group commit: inside ``with journal.group():`` records are written and flushed as they come, and the fsyncs
+they call for are taken together, once, when the outermost group ends. A record written in a group is then
+not durable when ``write`` returns: whatever would act on it or tell someone of it goes to
+``when_durable(callback)``, which calls it at once outside a group and after the group's fsync inside one
+(with the error instead, if that fsync failed). So many records share an fsync, and nothing acts on one, or
+answers for it, before it is durable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import os
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -124,13 +133,34 @@ def record_of(event: Any) -> dict[str, Any] | None:
     return None
 
 
-class Journal:
-    """Appends records to the session file (see the module docstring for what is durable when)."""
+Durable = Callable[[BaseException | None], None]  # told None once the records before it are on disk
 
-    def __init__(self, path: Path, *, truncate: bool = False, sync: Sync = Sync.EFFECTS) -> None:
+
+def _os_fsync(fd: int) -> None:
+    os.fsync(fd)  # looked up at each call: a test may patch the module's os.fsync
+
+
+class Journal:
+    """Appends records to the session file (see the module docstring for what is durable when).
+
+    ``fsync`` makes a file's records durable (``os.fsync`` when None; a test passes one it controls)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        truncate: bool = False,
+        sync: Sync = Sync.EFFECTS,
+        fsync: Callable[[int], None] | None = None,
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.sync = Sync(sync)
+        self._fsync = fsync if fsync is not None else _os_fsync
+        self._depth = 0  # groups open (nested ones join the outermost)
+        self._owed = False  # a record in the open group asked for an fsync
+        self._waiting: list[Durable] = []
+        self.fsyncs = 0
         if not truncate:
             _mend_tail(path)
         self._file: IO[str] = path.open("w" if truncate else "a", encoding="utf-8")
@@ -139,7 +169,52 @@ class Journal:
         self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self._file.flush()
         if self.sync is Sync.ALWAYS or (durable and self.sync is Sync.EFFECTS):
-            os.fsync(self._file.fileno())
+            if self._depth:
+                self._owed = True
+            else:
+                self._sync()
+
+    def _sync(self) -> None:
+        self._fsync(self._file.fileno())
+        self.fsyncs += 1
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """The fsyncs of the records written inside are one, taken as the outermost group ends; then every
+        ``when_durable`` callback queued in it runs (told the error instead if the fsync failed)."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._end_group()
+
+    def _end_group(self) -> None:
+        waiting, owed = self._waiting, self._owed
+        self._waiting, self._owed = [], False
+        failure: BaseException | None = None
+        try:
+            if owed or (waiting and self.sync is not Sync.NEVER):
+                self._sync()
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            for callback in waiting:
+                callback(failure)
+
+    def when_durable(self, callback: Durable) -> None:
+        """``callback(None)`` once every record written so far is durable: at once outside a group, after
+        the group's fsync inside one (``callback(error)`` if that fsync failed)."""
+        if self._depth:
+            self._waiting.append(callback)
+        else:
+            callback(None)
+
+    @property
+    def in_group(self) -> bool:
+        return self._depth > 0
 
     def event(self, event: Any) -> None:
         record = record_of(event)

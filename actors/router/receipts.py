@@ -27,6 +27,14 @@ token stream costs no fsync per token. The Router flushes on its housekeeping ti
 1 s by default) and before it reports a tool call, so a crash loses at most the usage reported since the
 last of those; an interrupted receipt then carries the usage written before it (or none).
 
+Group commit. ``with ledger.group():`` makes every write inside it (``open``, ``record``, ``flush``) one
+transaction, committed with one fsync when the outermost group ends; each write is a savepoint in it, so
+one that fails (a reused receipt id) rolls back alone and raises as it would outside a group. A write in a
+group is *not* durable when its method returns: whoever would tell someone of it hands that telling to
+``when_durable(callback)``, which runs the callback at once outside a group and after the group's commit
+inside one (with the commit's error, if the commit failed: nothing of the group is then on disk). So many
+records share an fsync and still nobody hears of one before it is durable.
+
 Schema versions: 1 had settled receipts only; 2 adds open rows, the row's incarnation, who settled it and
 the incarnations table. A version-1 file is migrated in place, in one transaction, when it is opened.
 """
@@ -40,7 +48,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -141,6 +149,13 @@ _STATUSES: Final[frozenset[str]] = frozenset(get_args(ReceiptStatus))
 
 _Row = tuple[Any, ...]  # a row as sqlite3 gives it back
 PriceOf = Callable[[str, TokenUsage], float | None]  # (catalog model id, usage) -> cost, for recovered rows
+Durable = Callable[[BaseException | None], None]  # told None once a group's writes are on disk, else why not
+Commit = Callable[[sqlite3.Connection], None]  # ends a write transaction; the default runs COMMIT
+
+
+def commit(conn: sqlite3.Connection) -> None:
+    """COMMIT the connection's transaction: with ``synchronous=FULL`` in WAL mode, on disk when it returns."""
+    conn.execute("COMMIT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,14 +265,31 @@ class ReceiptLedger:
     keep it to one receipt per operation. After ``close()`` the ledger is finished; open a new one to go on.
     """
 
-    __slots__ = ("_closed", "_conn", "_lock_fd", "_staged", "incarnation", "path")
+    __slots__ = (
+        "_closed",
+        "_commit",
+        "_conn",
+        "_depth",
+        "_lock_fd",
+        "_savepoints",
+        "_staged",
+        "_waiting",
+        "commits",
+        "incarnation",
+        "path",
+    )
 
-    def __init__(self, path: str | PathLike[str]) -> None:
+    def __init__(self, path: str | PathLike[str], *, commit: Commit = commit) -> None:
         self.path = Path(path)
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._staged: dict[uuid.UUID, TokenUsage] = {}
         self._lock_fd: int | None = None
+        self._commit = commit
+        self._depth = 0  # groups open (nested ones join the outermost)
+        self._savepoints = 0
+        self._waiting: list[Durable] = []  # told once the open group is committed
+        self.commits = 0  # write transactions committed (a group counts once)
         self.incarnation: str | None = None
 
     @property
@@ -298,26 +330,102 @@ class ReceiptLedger:
         return conn
 
     def _write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        """One write transaction: the staged usage first, then ``work``; committed (fsync'd) on return."""
+        """One write: the staged usage first, then ``work``. Outside a group it is its own transaction,
+        committed (fsync'd) on return; inside one, a savepoint of the group's transaction (see ``group``)."""
         conn = self._connection()
+        if self._depth:
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            self._savepoints += 1
+            name = f"w{self._savepoints}"
+            conn.execute(f"SAVEPOINT {name}")
+            try:
+                result = self._apply(conn, work)
+            except BaseException:
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+                raise
+            conn.execute(f"RELEASE {name}")
+            self._staged.clear()
+            return result
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if self._staged:
-                conn.executemany(_STAGE, [(*_usage_values(u), str(op)) for op, u in self._staged.items()])
-            result = work(conn)
-            conn.execute("COMMIT")
+            result = self._apply(conn, work)
+            self._commit(conn)
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self.commits += 1
         self._staged.clear()
         return result
+
+    def _apply(self, conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        if self._staged:
+            conn.executemany(_STAGE, [(*_usage_values(u), str(op)) for op, u in self._staged.items()])
+        return work(conn)
+
+    # ---------------------------------------------------------------------------------- group commit
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Writes inside are one transaction, committed with one fsync as the outermost group ends; then
+        every ``when_durable`` callback queued in it runs (see the module docstring). An exception out of
+        the group rolls back what it wrote; the callbacks are then told that error."""
+        self._depth += 1
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._end_group(failure)
+
+    def _end_group(self, failure: BaseException | None) -> None:
+        conn, waiting = self._conn, self._waiting
+        self._waiting, self._savepoints = [], 0
+        try:
+            if conn is not None and conn.in_transaction:
+                if failure is None:
+                    try:
+                        self._commit(conn)
+                        self.commits += 1
+                    except BaseException as exc:
+                        failure = exc
+                        raise
+                    finally:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                else:
+                    conn.execute("ROLLBACK")
+        finally:
+            for callback in waiting:
+                callback(failure)
+
+    def when_durable(self, callback: Durable) -> None:
+        """``callback(None)`` once everything written so far is on disk: now outside a group, after its
+        commit inside one (``callback(error)`` instead when that commit fails or the group raised)."""
+        if self._depth:
+            self._waiting.append(callback)
+        else:
+            callback(None)
+
+    @property
+    def in_group(self) -> bool:
+        return self._depth > 0
+
+    def _not_in_group(self, what: str) -> None:
+        if self._depth:
+            raise RuntimeError(f"receipt ledger {self.path}: {what}() commits on its own, not inside a group")
 
     # --------------------------------------------------------------------------------------- intents
     def begin_incarnation(self) -> str:
         """Register this ledger's owner as a live incarnation (see the module docstring); idempotent."""
         if self.incarnation is not None:
             return self.incarnation
+        self._not_in_group("begin_incarnation")
         conn = self._connection()
         ident = uuid.uuid4().hex
         self.lock_dir.mkdir(mode=0o700, exist_ok=True)
@@ -449,6 +557,7 @@ class ReceiptLedger:
         """Turn every open row of every *dead* incarnation into one 'interrupted' receipt (with the usage
         its row holds) and mark that incarnation recovered; live incarnations' rows are never touched.
         Returns the receipts written. Safe to run from several Routers at once (each row settles once)."""
+        self._not_in_group("recover")  # it releases dead incarnations' locks after each commit
         conn = self._connection()
         mine = self.incarnation
         candidates = {
@@ -554,6 +663,8 @@ class ReceiptLedger:
         would release it, so the next Router on this ledger recovers those rows."""
         if self._closed:
             return
+        if self._depth:
+            raise RuntimeError(f"receipt ledger {self.path}: close() inside a group")
         self._closed = True
         conn, self._conn = self._conn, None
         fd, self._lock_fd = self._lock_fd, None

@@ -67,6 +67,12 @@ class RecorderActor(EchoActor):
         return message
 
 
+class NodeRecorderActor(RecorderActor):
+    """A ``RecorderActor`` without a socket of its own: everything reaches it through its node."""
+
+    DIRECT = False
+
+
 class StatsActor(EchoActor):
     """Answers every request with its node's counters (``Stats.snapshot()``)."""
 
@@ -98,6 +104,9 @@ def main() -> int:
     ap.add_argument("--capture")
     ap.add_argument("--actor", action="append", default=["echo"])
     ap.add_argument("--recorder", action="append", default=[], help="spawn a RecorderActor with this name")
+    ap.add_argument(
+        "--node-recorder", action="append", default=[], help="spawn a NodeRecorderActor with this name"
+    )
     ap.add_argument("--stats-actor", action="store_true", help="spawn a StatsActor named 'stats'")
     ap.add_argument("--announce-hold", action="store_true", help="echo actors print 'HELD <note>'")
     ap.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -122,6 +131,8 @@ def main() -> int:
         node.spawn(echo_class, actor)
     for actor in args.recorder:
         node.spawn(RecorderActor, actor)
+    for actor in args.node_recorder:
+        node.spawn(NodeRecorderActor, actor)
     if args.stats_actor:
         node.spawn(StatsActor, "stats")
     with _stdout_lock:
