@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from actors.conversation.journal import Journal
-from actors.router.ledger import Intent, ReceiptLedger
+from actors.router.receipts import Intent, ReceiptLedger
 from actors.types import AgentProvider
 
 

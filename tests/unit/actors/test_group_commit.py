@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from actors.conversation.journal import Journal
-from actors.router.ledger import Intent, ReceiptLedger, commit
+from actors.router.receipts import Intent, ReceiptLedger, commit
 from actors.types import AgentProvider
 
 WAIT = 10.0
