@@ -1,0 +1,1 @@
+"""Runs: the round machine and the loops built on it (run_session, the subagent run)."""
