@@ -20,16 +20,17 @@ as interrupted and recording its receipt once.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import itertools
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
-from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.effects import RerunSafe, idempotency_key
 from actors.inference import (
     DEFAULT_ROUND_LIMIT,
     InferenceError,
@@ -39,6 +40,9 @@ from actors.inference import (
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
+from actors.projection import manifest_hash  # RS-07: the same identity as a subagent's EV-02
+from actors.runs.events import AnySessionEvent, SessionEvent
+from actors.runs.host import HANDLE_TIMEOUT, HostCompleteCapture, HostExecuteTool, HostRecord, ToolHostActor
 from actors.runs.machine import (
     Abort,
     Answered,
@@ -63,9 +67,6 @@ from actors.runs.machine import (
     starting,
 )
 from actors.types import (
-    AgentContinuation,
-    ModelContext,
-    TokenUsage,
     ToolCall,
     ToolCallError,
     ToolResult,
@@ -74,14 +75,13 @@ from actors.types import (
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired, ProtocolError
+from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
 from transport.replay import recorded_uuid
 
 log = logging.getLogger(__name__)
 
-HOST_TIMEOUT: Final = 3600.0  # a host call (a tool) may take long; the run's own deadline bounds the caller
-HANDLE_TIMEOUT: Final = 3600.0
 # The default bound on each host or handle call the loop makes (SessionRunRequest.call_timeout).
 CALL_TIMEOUT: Final = 3600.0
 
@@ -89,8 +89,13 @@ __all__ = [
     "CALL_TIMEOUT",
     "CancelSession",
     "HostActor",
+    "HostCompleteCapture",
+    "HostExecuteTool",
+    "HostRecord",
+    "HostRunTool",
     "InvalidSessionRequest",
     "ProviderResume",
+    "ResumeAfter",
     "RoundCompletion",
     "RoundPreparation",
     "SessionCancelled",
@@ -135,43 +140,6 @@ class RoundPreparation:
     class Complete:
         TAG: ClassVar[str] = "rs.prep.complete"
         answer: str | None
-
-
-class SessionEvent:
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class InferenceSubmitted:
-        TAG: ClassVar[str] = "rs.ev.submitted"
-        round: int
-        manifest_hash: str
-        model: str
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderInput:
-        TAG: ClassVar[str] = "rs.ev.provider_input"
-        round: int
-        context: ModelContext
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class UsageUpdated:
-        TAG: ClassVar[str] = "rs.ev.usage"
-        round: int
-        usage: TokenUsage
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderReceipt:
-        TAG: ClassVar[str] = "rs.ev.receipt"
-        round: int
-        usage: TokenUsage | None
-        receipt: UsageReceipt
-        continuation: AgentContinuation | None
-
-
-AnySessionEvent = (
-    SessionEvent.InferenceSubmitted
-    | SessionEvent.ProviderInput
-    | SessionEvent.UsageUpdated
-    | SessionEvent.ProviderReceipt
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,11 +255,6 @@ def is_session_round_limit(error: BaseException | None) -> bool:
     return False
 
 
-def manifest_hash(text: str) -> str:
-    """RS-07: lowercase hex SHA-256 over the UTF-8 bytes of ``PreparedRound.input``."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 # ------------------------------------------------------------------------------------------------- host
 
 
@@ -315,17 +278,16 @@ class HostPrepareRound:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostRecord:
-    TAG: ClassVar[str] = "rs.host.record"
-    event: AnySessionEvent
+class HostRunTool:
+    """``execute_tool``, then ``prepare_provider_resume`` on its outcome, in one request (RS-11, RS-13: the
+    rules order the two host calls, they do not need two bus round trips): answered with the
+    ``ProviderResume`` decision. The tool runs at most once per ``idempotency_key``; a repeat gets the stored
+    outcome, and the decision is made on it again."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostExecuteTool:
-    TAG: ClassVar[str] = "rs.host.execute_tool"
+    TAG: ClassVar[str] = "rs.host.run_tool"
     call_id: str
     call: ToolCall | ToolCallError
-    provider_operation_id: uuid.UUID
+    operation_id: uuid.UUID
     idempotency_key: str
 
 
@@ -336,27 +298,59 @@ class HostPrepareResume:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompleteCapture:
-    TAG: ClassVar[str] = "rs.host.complete_capture"
-    capture: JsonValue
-    contents: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class HostCompleteRound:
     TAG: ClassVar[str] = "rs.host.complete_round"
     completion: RoundCompletion
 
 
-class HostActor(BusActor):
+class ResumeAfter(Context):
+    """The reply context of a ``HostRunTool`` for whoever executes the tool: the outcome it is answered with
+    goes through ``decide`` (the host's ``prepare_provider_resume``: a decision, or a future of one) and the
+    request is answered with that decision; a failure is answered as it is."""
+
+    __slots__ = ("_decide", "_inner")
+
+    def __init__(self, ctx: Context, actor: BusActor, decide: Callable[[SessionToolOutcome], Any]) -> None:
+        self._inner = ctx
+        self._actor = actor
+        self._decide = decide
+
+    # The request's own state is the inner context's: this one only changes what it is answered with.
+    done = property(lambda self: self._inner.done, lambda self, value: setattr(self._inner, "done", value))
+    expired = property(
+        lambda self: self._inner.expired, lambda self, value: setattr(self._inner, "expired", value)
+    )
+    header = property(
+        lambda self: self._inner.header, lambda self, value: setattr(self._inner, "header", value)
+    )
+    route = property(lambda self: self._inner.route, lambda self, value: setattr(self._inner, "route", value))
+
+    def reply(self, message: Any) -> None:
+        answer = self.decided(message)
+        if answer is not DEFER and not self._inner.done:
+            self._inner.reply(Ok() if answer is None else answer)
+
+    def fail(self, error: BaseException) -> None:
+        self._inner.fail(error)
+
+    def decided(self, outcome: Any) -> Any:
+        """The decision on ``outcome`` for a handler to return: a value, or ``DEFER`` (answered later)."""
+        try:
+            decision = self._decide(outcome)
+        except Exception as exc:  # noqa: BLE001 - RS-32: the host's own failure is the answer
+            if not self._inner.done:
+                self._inner.fail(exc)
+            return DEFER
+        return self._actor.answer_when_done(decision, self._inner)
+
+
+class HostActor(ToolHostActor):
     """Serves one application ``SessionHost`` on the bus (one request message per host method).
 
-    ``execute_tool`` runs at most once per idempotency key (actors/effects.py): a repeat gets the stored
-    outcome (or the stored error); a duplicate arriving while the key runs waits for that run; a key whose
-    run was cut off (the host died while it ran) gets ``SessionToolOutcome(ok=False, unknown=True)``, and the
-    tool is not run again unless ``rerun_safe`` (tool names, or a predicate on the ``ToolCall``) says so; a
-    store that cannot be written answers ``EffectStoreError`` and runs nothing. ``effects`` names the SQLite
-    file that keeps this across restarts; without it the keys are remembered in memory.
+    ``execute_tool`` runs at most once per idempotency key (actors/runs/host.py, actors/effects.py): a repeat
+    gets the stored outcome (or the stored error); a duplicate arriving while the key runs waits for that
+    run; a key whose run was cut off gets ``SessionToolOutcome(ok=False, unknown=True)``. ``HostRunTool``
+    runs the tool the same way and answers with ``prepare_provider_resume``'s decision on its outcome.
     """
 
     def __init__(
@@ -368,37 +362,34 @@ class HostActor(BusActor):
         effects: str | Path | None = None,
         rerun_safe: RerunSafe = (),
     ) -> None:
-        super().__init__(node, address)
+        super().__init__(node, address, unknown=_unknown_outcome, effects=effects, rerun_safe=rerun_safe)
         self.host = host
-        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
-        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
         match message:
             case HostPrepareRound(round=r):
-                return self._result(host.prepare_round(r), ctx)
-            case HostRecord(event=event):
-                return self._result(host.record(event), ctx)
-            case HostExecuteTool(call=call, provider_operation_id=op, idempotency_key=key):
-                summary = f"tool {call.name[:80]!r}" if isinstance(call, ToolCall) else "an invalid tool call"
-                return self._effects.execute(
-                    ctx, key, summary, lambda: host.execute_tool(call, op), rerun_safe=self._rerun_safe(call)
-                )
+                return self.answer_when_done(host.prepare_round(r), ctx)
+            case HostRecord(
+                event=SessionEvent.InferenceSubmitted()
+                | SessionEvent.ProviderInput()
+                | SessionEvent.UsageUpdated()
+                | SessionEvent.ProviderReceipt() as event
+            ):
+                return self.answer_when_done(host.record(event), ctx)
+            case HostExecuteTool(call=call, operation_id=op, idempotency_key=key):
+                return self.execute(ctx, call, key, partial(host.execute_tool, call, op))
+            case HostRunTool(call=call, operation_id=op, idempotency_key=key):
+                then = ResumeAfter(ctx, self, host.prepare_provider_resume)
+                answer = self.execute(then, call, key, partial(host.execute_tool, call, op))
+                return answer if answer is DEFER else then.decided(answer)
             case HostPrepareResume(outcome=outcome):
-                return self._result(host.prepare_provider_resume(outcome), ctx)
+                return self.answer_when_done(host.prepare_provider_resume(outcome), ctx)
             case HostCompleteCapture(capture=capture, contents=contents):
-                return self._result(host.complete_capture(capture, contents), ctx)
+                return self.answer_when_done(host.complete_capture(capture, contents), ctx)
             case HostCompleteRound(completion=completion):
-                return self._result(host.complete_round(completion), ctx)
+                return self.answer_when_done(host.complete_round(completion), ctx)
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-
-    def _result(self, result: Any, ctx: Context) -> Any:
-        return self.answer_when_done(result, ctx)
-
-    def on_stop(self) -> None:
-        self._effects.close()
-        super().on_stop()
 
 
 def _unknown_outcome(text: str) -> SessionToolOutcome:
@@ -476,16 +467,8 @@ class RecordingEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Executing:
-    """``execute_tool`` asked (RS-11)."""
-
-    run: Run[SessionFacts]
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
 class Resuming:
-    """``prepare_provider_resume`` asked (RS-13)."""
+    """``execute_tool`` and then ``prepare_provider_resume`` asked, in one ``HostRunTool`` (RS-11, RS-13)."""
 
     run: Run[SessionFacts]
     call_id: str
@@ -553,13 +536,13 @@ class SessionFlavor:
                 op = run.op
                 assert op is not None
                 run = replace(run.with_facts(replace(facts, used_tool=True)), progressed=True)
-                execute = HostExecuteTool(
+                execute = HostRunTool(
                     call_id=call_id,
                     call=call,
-                    provider_operation_id=op,
+                    operation_id=op,
                     idempotency_key=idempotency_key(facts.request.operation_id, facts.round, call_id),
-                )
-                return Step(Executing(run, call_id), (Ask(Target.HOST, execute),))
+                )  # RS-13: the host decides the resume on the outcome in the same request
+                return Step(Resuming(run, call_id), (Ask(Target.HOST, execute),))
         return abort(self, run, InferenceError(f"unexpected handle event {type(event).__name__}"))
 
     def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
@@ -620,8 +603,6 @@ class SessionFlavor:
                 return starting(run, inference)
             case RecordingEvent(run=run), Answered():
                 return read(run)
-            case Executing(run=run, call_id=call_id), Answered(value=outcome):  # RS-13
-                return Step(Resuming(run, call_id), (Ask(Target.HOST, HostPrepareResume(outcome=outcome)),))
             case Resuming(run=run, call_id=call_id), Answered(
                 value=ProviderResume.Continue(outcome=o)
             ):  # RS-14
@@ -656,9 +637,9 @@ class SessionFlavor:
                 return self.succeed(run, answer)
             case Completing(run=run), Answered(value=other):
                 return fail(run, SessionHostError(f"the completion callback returned {type(other).__name__}"))
-            case Preparing(run=run) | Submitting(run=run) | RecordingEvent(run=run) | Executing(
+            case Preparing(run=run) | Submitting(run=run) | RecordingEvent(run=run) | Resuming(
                 run=run
-            ) | Resuming(run=run) | Completing(run=run), Failed(error=error):  # RS-35
+            ) | Completing(run=run), Failed(error=error):  # RS-35
                 return abort(self, run, error)
         raise AssertionError(f"no row for {type(state).__name__} and {type(message).__name__}")
 
@@ -839,6 +820,7 @@ SESSION_MESSAGES = (
     HostPrepareRound,
     HostRecord,
     HostExecuteTool,
+    HostRunTool,
     HostPrepareResume,
     HostCompleteCapture,
     HostCompleteRound,

@@ -18,11 +18,12 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
-from actors.base import BusActor, Context
-from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.base import Context
+from actors.effects import RerunSafe, idempotency_key
 from actors.inference import (
     InferenceHandleActor,
     PreparedRound,
@@ -47,6 +48,15 @@ from actors.projection import (
     truncated,
 )
 from actors.router.messages import CountTokens, ResolveModel, SubmitInput, TokenCount
+from actors.runs.events import AnyAuditEvent, AuditEvent
+from actors.runs.host import (
+    HANDLE_TIMEOUT,
+    HOST_TIMEOUT,
+    HostCompleteCapture,
+    HostExecuteTool,
+    HostRecord,
+    ToolHostActor,
+)
 from actors.runs.machine import (
     Abort,
     Answered,
@@ -67,9 +77,7 @@ from actors.runs.machine import (
     starting,
 )
 from actors.types import (
-    AgentProvider,
     ResolvedAgentModel,
-    TokenUsage,
     ToolCall,
     ToolCallError,
     ToolResult,
@@ -83,8 +91,6 @@ from transport.pending import chained, forbid_blocking
 
 log = logging.getLogger(__name__)
 
-HOST_TIMEOUT: Final = 3600.0  # a tool may take long; the caller's own deadline bounds the run
-HANDLE_TIMEOUT: Final = 3600.0
 COUNT_TIMEOUT: Final = 120.0  # the first count may load a tokenizer
 
 __all__ = [
@@ -131,72 +137,6 @@ class RunResult:
     answer: str
     model: ResolvedAgentModel
 
-
-class AuditEvent:
-    """What a run records through ``Host.record``, in order (EV-01..EV-06); callers ``match`` on these."""
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Started:
-        TAG: ClassVar[str] = "sa.ev.started"
-        parent_operation_id: uuid.UUID
-        model: str
-        provider_model: str
-        provider: AgentProvider
-        context_window_tokens: int
-        max_input_tokens: int
-        context: tuple[str, ...]
-        task: str
-        host: JsonValue
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class InferenceSubmitted:
-        TAG: ClassVar[str] = "sa.ev.submitted"
-        parent_operation_id: uuid.UUID
-        round: int
-        manifest_hash: str
-        estimated_input_tokens: int
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ToolCall:
-        TAG: ClassVar[str] = "sa.ev.tool_call"
-        parent_operation_id: uuid.UUID
-        name: str
-        arguments: JsonValue
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ToolResult:
-        TAG: ClassVar[str] = "sa.ev.tool_result"
-        parent_operation_id: uuid.UUID
-        name: str
-        ok: bool
-        projection_accepted: bool
-        result: str
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderReceipt:
-        TAG: ClassVar[str] = "sa.ev.receipt"
-        parent_operation_id: uuid.UUID
-        round: int
-        manifest_hash: str
-        usage: TokenUsage | None
-        receipt: UsageReceipt
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Completed:
-        TAG: ClassVar[str] = "sa.ev.completed"
-        parent_operation_id: uuid.UUID
-        model: str
-        response: str
-
-
-AnyAuditEvent = (
-    AuditEvent.Started
-    | AuditEvent.InferenceSubmitted
-    | AuditEvent.ToolCall
-    | AuditEvent.ToolResult
-    | AuditEvent.ProviderReceipt
-    | AuditEvent.Completed
-)
 
 # ----------------------------------------------------------------------------------------------- errors
 
@@ -279,37 +219,11 @@ class RenderedCall:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostExecuteTool:
-    """``idempotency_key``: the run's operation id and the call id (``idempotency_key(op, call_id)``), so
-    a repeat never runs the tool twice; empty: unprotected."""
-
-    TAG: ClassVar[str] = "sa.host.execute_tool"
-    call: ToolCall
-    operation_id: uuid.UUID
-    budget: ContextBudget
-    idempotency_key: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompleteCapture:
-    TAG: ClassVar[str] = "sa.host.complete_capture"
-    capture: JsonValue
-    contents: str
-    budget: ContextBudget
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostRecord:
-    TAG: ClassVar[str] = "sa.host.record"
-    event: AnyAuditEvent
-
-
-class RunHostActor(BusActor):
+class RunHostActor(ToolHostActor):
     """Serves one application ``Host`` on the bus: one request message per host method.
 
     ``execute_tool`` runs at most once per idempotency key, as in ``run_session``'s ``HostActor``
-    (actors/effects.py): a repeat gets the stored outcome; a key whose run was cut off gets
+    (actors/runs/host.py): a repeat gets the stored outcome; a key whose run was cut off gets
     ``ToolOutcome(ok=False, unknown=True)`` and is not run again unless ``rerun_safe`` says so; a store that
     cannot be written answers ``EffectStoreError``. ``effects``: the SQLite file (else in memory).
     """
@@ -323,10 +237,8 @@ class RunHostActor(BusActor):
         effects: str | Path | None = None,
         rerun_safe: RerunSafe = (),
     ) -> None:
-        super().__init__(node, address)
+        super().__init__(node, address, unknown=_unknown_outcome, effects=effects, rerun_safe=rerun_safe)
         self.host = host
-        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
-        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
@@ -336,26 +248,25 @@ class RunHostActor(BusActor):
                 if not isinstance(text, str):
                     raise SubagentHostError(f"render_tool_call returned {type(text).__name__}, not str")
                 return RenderedCall(text=text)
-            case HostExecuteTool(call=call, operation_id=op, budget=budget, idempotency_key=key):
-                return self._effects.execute(
-                    ctx,
-                    key,
-                    f"tool {call.name[:80]!r}",
-                    lambda: host.execute_tool(call, op, budget),
-                    rerun_safe=self._rerun_safe(call),
-                )
-            case HostCompleteCapture(capture=capture, contents=contents, budget=budget):
-                return self._result(host.complete_capture(capture, contents, budget), ctx)
-            case HostRecord(event=event):
-                return self._result(host.record(event), ctx)
+            case HostExecuteTool(
+                call=ToolCall() as call,
+                operation_id=op,
+                budget=ContextBudget() as budget,
+                idempotency_key=key,
+            ):
+                return self.execute(ctx, call, key, partial(host.execute_tool, call, op, budget))
+            case HostCompleteCapture(capture=capture, contents=contents, budget=ContextBudget() as budget):
+                return self.answer_when_done(host.complete_capture(capture, contents, budget), ctx)
+            case HostRecord(
+                event=AuditEvent.Started()
+                | AuditEvent.InferenceSubmitted()
+                | AuditEvent.ToolCall()
+                | AuditEvent.ToolResult()
+                | AuditEvent.ProviderReceipt()
+                | AuditEvent.Completed() as event
+            ):
+                return self.answer_when_done(host.record(event), ctx)
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-
-    def _result(self, result: Any, ctx: Context) -> Any:
-        return self.answer_when_done(result, ctx)
-
-    def on_stop(self) -> None:
-        self._effects.close()
-        super().on_stop()
 
 
 def _unknown_outcome(text: str) -> ToolOutcome:
@@ -669,6 +580,7 @@ class SubagentFlavor:
                     operation_id=run.op,
                     budget=facts.budget(pending=rendered),  # SA-20: P before this result is applied
                     idempotency_key=idempotency_key(run.op, call_id),
+                    call_id=call_id,
                 )
                 return Step(ExecutingTool(run, call_id, call, rendered), (_host(execute),))
             case ToDecide(
@@ -1015,9 +927,6 @@ SUBAGENT_MESSAGES = (
     AuditEvent.Completed,
     HostRenderToolCall,
     RenderedCall,
-    HostExecuteTool,
-    HostCompleteCapture,
-    HostRecord,
     RunSubagent,
     CancelRun,
 )

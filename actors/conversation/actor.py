@@ -110,6 +110,7 @@ from actors.session import (
     HostPrepareResume,
     HostPrepareRound,
     HostRecord,
+    HostRunTool,
 )
 from transport.errors import Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
@@ -265,6 +266,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 HostPrepareRound()
                 | HostRecord()
                 | HostExecuteTool()
+                | HostRunTool()
                 | HostPrepareResume()
                 | HostCompleteRound()
                 | HostCompleteCapture()

@@ -574,7 +574,14 @@ class RoundActor(BusActor):
         raise NotImplementedError
 
     def _feed(self, message: Message) -> None:
-        self._carry_out(step(self.FLAVOR, self.state, message))
+        try:
+            result = step(self.FLAVOR, self.state, message)
+        except Exception as exc:  # a (state, message) pair with no row: a bug; the run ends with it, typed
+            log.exception(
+                "%s: no step for %s in %s", self.address, type(message).__name__, type(self.state).__name__
+            )
+            result = Step(Ended(), (Close(), Abort(exc, progressed=True)))
+        self._carry_out(result)
 
     def _answer(self, asked: Any, reply: Reply) -> None:
         self._feed(Answered(asked, reply.message) if reply.error is None else Failed(asked, reply.error))
