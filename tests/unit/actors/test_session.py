@@ -805,6 +805,37 @@ def test_cancelling_the_future_during_a_tool_ends_at_the_next_step(
     assert len(provider.turns) == 1 and len(host.events(SessionEvent.ProviderInput)) == 1
 
 
+class CountingHostActor(HostActor):
+    """``HostActor`` noting the class of every request it serves: the bus calls a run makes to its host."""
+
+    def __init__(self, *args: Any, served: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.served = served
+
+    def handle(self, message: Any, ctx: Any) -> Any:
+        self.served.append(type(message).__name__)
+        return super().handle(message, ctx)
+
+
+def test_rs11_rs13_each_tool_call_is_one_request_to_the_host(topology: Topology, provider: Any) -> None:
+    """RS-11, RS-13 on the bus: each tool call costs one host request (``HostRunTool``: execute_tool, then
+    prepare_provider_resume on its outcome, in that order), not one per host method."""
+    served: list[str] = []
+    app = RecordingHost(topology.provider)
+    topology.node.spawn(CountingHostActor, "host", host=app, served=served)
+    provider.add([tool("c1"), tool("c2"), {"text": "done"}])
+    assert run(topology) == "final"
+    barrier(topology)
+    assert [name for name in served if name != "HostRecord"] == [
+        "HostPrepareRound",
+        "HostRunTool",
+        "HostRunTool",
+        "HostCompleteRound",
+    ]
+    calls = [name for name in app.names() if name in ("execute_tool", "resume")]
+    assert calls == ["execute_tool", "resume", "execute_tool", "resume"]
+
+
 def barrier(topology: Topology) -> None:
     """A round trip through the host's mailbox: the loop's calls sent before it are in the trace."""
     topology.node.request(topology.host_address, Ping(nonce=0), timeout=WAIT)
