@@ -111,6 +111,7 @@ from actors.runs.session import (
     HostPrepareResume,
     HostPrepareRound,
     HostRecord,
+    HostRunTool,
 )
 from transport.errors import Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import Ok
@@ -266,6 +267,7 @@ class ConversationActor(Gatekeeper, JobsMixin, WakeupsMixin, LoopsMixin, KernelH
                 HostPrepareRound()
                 | HostRecord()
                 | HostExecuteTool()
+                | HostRunTool()
                 | HostPrepareResume()
                 | HostCompleteRound()
                 | HostCompleteCapture()

@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,7 +54,9 @@ from actors.runs.session import (
     HostPrepareResume,
     HostPrepareRound,
     HostRecord,
+    HostRunTool,
     ProviderResume,
+    ResumeAfter,
     RoundPreparation,
     RunSession,
     SessionCancelled,
@@ -309,16 +312,10 @@ class KernelHost(BusActor):
                 return None
             case HostExecuteTool(call_id=call_id, call=call):
                 return self._execute(run, call_id, call, ctx)
+            case HostRunTool(call_id=call_id, call=call):  # the tool, then the resume decision on it
+                return self._execute(run, call_id, call, ResumeAfter(ctx, self, partial(self._resume, run)))
             case HostPrepareResume(outcome=outcome):
-                if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result
-                    run.finish = FinishReason.CANCELLED
-                    return ProviderResume.Complete(answer=None)
-                if run.mode == "judge":  # one verdict call, then the judge's turn ends
-                    return ProviderResume.Complete(answer=None)
-                if run.steps >= (self.config.max_steps if run.mode == "turn" else 2):
-                    run.finish = FinishReason.MAX_STEPS
-                    return ProviderResume.Complete(answer=None)
-                return ProviderResume.Continue(outcome=outcome)
+                return self._resume(run, outcome)
             case HostCompleteRound(completion=completion):
                 if completion.finish_reason == "length" and run.finish is FinishReason.STOP:
                     run.finish = FinishReason.LENGTH  # the answer was cut at the output-token limit
@@ -326,6 +323,17 @@ class KernelHost(BusActor):
             case HostCompleteCapture(contents=contents):
                 return self._completed(run, contents)
         raise TypeError(type(message).__name__)
+
+    def _resume(self, run: KernelRun, outcome: SessionToolOutcome) -> Any:
+        if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result
+            run.finish = FinishReason.CANCELLED
+            return ProviderResume.Complete(answer=None)
+        if run.mode == "judge":  # one verdict call, then the judge's turn ends
+            return ProviderResume.Complete(answer=None)
+        if run.steps >= (self.config.max_steps if run.mode == "turn" else 2):
+            run.finish = FinishReason.MAX_STEPS
+            return ProviderResume.Complete(answer=None)
+        return ProviderResume.Continue(outcome=outcome)
 
     def _completed(self, run: KernelRun, answer: str) -> Any:
         run.final = answer

@@ -6,6 +6,10 @@
   ``HostActor`` with its idempotent outcome store), by ``SessionLoopActor`` (RULES.md RS-*).
 - ``subagent.py``: ``run`` — one fresh-context provider turn with replaceable projected state and a context
   budget (``Host``, ``RunHostActor``, ``SubagentRunActor``; RULES.md SA-*).
+- ``machine.py``: the round machine both loops are built on: frozen states, one ``match`` row per (state,
+  message), effects the hosting ``RoundActor`` carries out; testable without an actor.
+- ``host.py``: the host messages both loops send, and ``ToolHostActor``, the idempotent outcome store
+  under ``HostActor`` and ``RunHostActor``; ``events.py``: the events both report.
 - ``projection.py``: the subagent's provider input as plain values, no actor.
 """
 

@@ -20,43 +20,59 @@ as interrupted and recording its receipt once.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import itertools
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
 from actors.base import DEFER, BusActor, Context
-from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.effects import RerunSafe, idempotency_key
 from actors.errors import Broken, Cancelled, Exhausted, Invalid
 from actors.inference.handle import (
     DEFAULT_ROUND_LIMIT,
-    AwaitStarted,
-    FinishUnavailable,
     InferenceError,
     InferenceHandleActor,
-    InferenceStarted,
-    NextEvent,
     PreparedRound,
-    ProviderEndedError,
     Respond,
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
+from actors.runs.events import AnySessionEvent, SessionEvent
+from actors.runs.host import HANDLE_TIMEOUT, HostCompleteCapture, HostExecuteTool, HostRecord, ToolHostActor
+from actors.runs.machine import (
+    Abort,
+    Answered,
+    Ask,
+    Close,
+    Ended,
+    Failed,
+    Finish,
+    Idle,
+    Refuse,
+    RoundActor,
+    Run,
+    Step,
+    Succeed,
+    Target,
+    Then,
+    abort,
+    account,
+    fail,
+    failed_with,
+    read,
+    starting,
+)
+from actors.runs.projection import manifest_hash  # RS-07: the same identity as a subagent's EV-02
 from actors.types import (
-    AgentContinuation,
-    ModelContext,
-    TokenUsage,
     ToolCall,
     ToolCallError,
     ToolResult,
     UsageReceipt,
-    note_accounting_failure,
     restore_accounting_note,
-    retry_class,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired, ProtocolError
@@ -67,8 +83,6 @@ from transport.replay import recorded_uuid
 
 log = logging.getLogger(__name__)
 
-HOST_TIMEOUT: Final = 3600.0  # a host call (a tool) may take long; the run's own deadline bounds the caller
-HANDLE_TIMEOUT: Final = 3600.0
 # The default bound on each host or handle call the loop makes (SessionRunRequest.call_timeout).
 CALL_TIMEOUT: Final = 3600.0
 
@@ -76,8 +90,13 @@ __all__ = [
     "CALL_TIMEOUT",
     "CancelSession",
     "HostActor",
+    "HostCompleteCapture",
+    "HostExecuteTool",
+    "HostRecord",
+    "HostRunTool",
     "InvalidSessionRequest",
     "ProviderResume",
+    "ResumeAfter",
     "RoundCompletion",
     "RoundPreparation",
     "SessionCancelled",
@@ -122,43 +141,6 @@ class RoundPreparation:
     class Complete:
         TAG: ClassVar[str] = "rs.prep.complete"
         answer: str | None
-
-
-class SessionEvent:
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class InferenceSubmitted:
-        TAG: ClassVar[str] = "rs.ev.submitted"
-        round: int
-        manifest_hash: str
-        model: str
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderInput:
-        TAG: ClassVar[str] = "rs.ev.provider_input"
-        round: int
-        context: ModelContext
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class UsageUpdated:
-        TAG: ClassVar[str] = "rs.ev.usage"
-        round: int
-        usage: TokenUsage
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderReceipt:
-        TAG: ClassVar[str] = "rs.ev.receipt"
-        round: int
-        usage: TokenUsage | None
-        receipt: UsageReceipt
-        continuation: AgentContinuation | None
-
-
-AnySessionEvent = (
-    SessionEvent.InferenceSubmitted
-    | SessionEvent.ProviderInput
-    | SessionEvent.UsageUpdated
-    | SessionEvent.ProviderReceipt
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,11 +256,6 @@ def is_session_round_limit(error: BaseException | None) -> bool:
     return False
 
 
-def manifest_hash(text: str) -> str:
-    """RS-07: lowercase hex SHA-256 over the UTF-8 bytes of ``PreparedRound.input``."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 # ------------------------------------------------------------------------------------------------- host
 
 
@@ -302,17 +279,16 @@ class HostPrepareRound:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostRecord:
-    TAG: ClassVar[str] = "rs.host.record"
-    event: AnySessionEvent
+class HostRunTool:
+    """``execute_tool``, then ``prepare_provider_resume`` on its outcome, in one request (RS-11, RS-13: the
+    rules order the two host calls, they do not need two bus round trips): answered with the
+    ``ProviderResume`` decision. The tool runs at most once per ``idempotency_key``; a repeat gets the stored
+    outcome, and the decision is made on it again."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostExecuteTool:
-    TAG: ClassVar[str] = "rs.host.execute_tool"
+    TAG: ClassVar[str] = "rs.host.run_tool"
     call_id: str
     call: ToolCall | ToolCallError
-    provider_operation_id: uuid.UUID
+    operation_id: uuid.UUID
     idempotency_key: str
 
 
@@ -323,27 +299,59 @@ class HostPrepareResume:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompleteCapture:
-    TAG: ClassVar[str] = "rs.host.complete_capture"
-    capture: JsonValue
-    contents: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class HostCompleteRound:
     TAG: ClassVar[str] = "rs.host.complete_round"
     completion: RoundCompletion
 
 
-class HostActor(BusActor):
+class ResumeAfter(Context):
+    """The reply context of a ``HostRunTool`` for whoever executes the tool: the outcome it is answered with
+    goes through ``decide`` (the host's ``prepare_provider_resume``: a decision, or a future of one) and the
+    request is answered with that decision; a failure is answered as it is."""
+
+    __slots__ = ("_decide", "_inner")
+
+    def __init__(self, ctx: Context, actor: BusActor, decide: Callable[[SessionToolOutcome], Any]) -> None:
+        self._inner = ctx
+        self._actor = actor
+        self._decide = decide
+
+    # The request's own state is the inner context's: this one only changes what it is answered with.
+    done = property(lambda self: self._inner.done, lambda self, value: setattr(self._inner, "done", value))
+    expired = property(
+        lambda self: self._inner.expired, lambda self, value: setattr(self._inner, "expired", value)
+    )
+    header = property(
+        lambda self: self._inner.header, lambda self, value: setattr(self._inner, "header", value)
+    )
+    route = property(lambda self: self._inner.route, lambda self, value: setattr(self._inner, "route", value))
+
+    def reply(self, message: Any) -> None:
+        answer = self.decided(message)
+        if answer is not DEFER and not self._inner.done:
+            self._inner.reply(Ok() if answer is None else answer)
+
+    def fail(self, error: BaseException) -> None:
+        self._inner.fail(error)
+
+    def decided(self, outcome: Any) -> Any:
+        """The decision on ``outcome`` for a handler to return: a value, or ``DEFER`` (answered later)."""
+        try:
+            decision = self._decide(outcome)
+        except Exception as exc:  # noqa: BLE001 - RS-32: the host's own failure is the answer
+            if not self._inner.done:
+                self._inner.fail(exc)
+            return DEFER
+        return self._actor.answer_when_done(decision, self._inner)
+
+
+class HostActor(ToolHostActor):
     """Serves one application ``SessionHost`` on the bus (one request message per host method).
 
-    ``execute_tool`` runs at most once per idempotency key (actors/effects.py): a repeat gets the stored
-    outcome (or the stored error); a duplicate arriving while the key runs waits for that run; a key whose
-    run was cut off (the host died while it ran) gets ``SessionToolOutcome(ok=False, unknown=True)``, and the
-    tool is not run again unless ``rerun_safe`` (tool names, or a predicate on the ``ToolCall``) says so; a
-    store that cannot be written answers ``EffectStoreError`` and runs nothing. ``effects`` names the SQLite
-    file that keeps this across restarts; without it the keys are remembered in memory.
+    ``execute_tool`` runs at most once per idempotency key (actors/runs/host.py, actors/effects.py): a repeat
+    gets the stored outcome (or the stored error); a duplicate arriving while the key runs waits for that
+    run; a key whose run was cut off gets ``SessionToolOutcome(ok=False, unknown=True)``. ``HostRunTool``
+    runs the tool the same way and answers with ``prepare_provider_resume``'s decision on its outcome.
     """
 
     def __init__(
@@ -355,37 +363,34 @@ class HostActor(BusActor):
         effects: str | Path | None = None,
         rerun_safe: RerunSafe = (),
     ) -> None:
-        super().__init__(node, address)
+        super().__init__(node, address, unknown=_unknown_outcome, effects=effects, rerun_safe=rerun_safe)
         self.host = host
-        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
-        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
         match message:
             case HostPrepareRound(round=r):
-                return self._result(host.prepare_round(r), ctx)
-            case HostRecord(event=event):
-                return self._result(host.record(event), ctx)
-            case HostExecuteTool(call=call, provider_operation_id=op, idempotency_key=key):
-                summary = f"tool {call.name[:80]!r}" if isinstance(call, ToolCall) else "an invalid tool call"
-                return self._effects.execute(
-                    ctx, key, summary, lambda: host.execute_tool(call, op), rerun_safe=self._rerun_safe(call)
-                )
+                return self.answer_when_done(host.prepare_round(r), ctx)
+            case HostRecord(
+                event=SessionEvent.InferenceSubmitted()
+                | SessionEvent.ProviderInput()
+                | SessionEvent.UsageUpdated()
+                | SessionEvent.ProviderReceipt() as event
+            ):
+                return self.answer_when_done(host.record(event), ctx)
+            case HostExecuteTool(call=call, operation_id=op, idempotency_key=key):
+                return self.execute(ctx, call, key, partial(host.execute_tool, call, op))
+            case HostRunTool(call=call, operation_id=op, idempotency_key=key):
+                then = ResumeAfter(ctx, self, host.prepare_provider_resume)
+                answer = self.execute(then, call, key, partial(host.execute_tool, call, op))
+                return answer if answer is DEFER else then.decided(answer)
             case HostPrepareResume(outcome=outcome):
-                return self._result(host.prepare_provider_resume(outcome), ctx)
+                return self.answer_when_done(host.prepare_provider_resume(outcome), ctx)
             case HostCompleteCapture(capture=capture, contents=contents):
-                return self._result(host.complete_capture(capture, contents), ctx)
+                return self.answer_when_done(host.complete_capture(capture, contents), ctx)
             case HostCompleteRound(completion=completion):
-                return self._result(host.complete_round(completion), ctx)
+                return self.answer_when_done(host.complete_round(completion), ctx)
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-
-    def _result(self, result: Any, ctx: Context) -> Any:
-        return self.answer_when_done(result, ctx)
-
-    def on_stop(self) -> None:
-        self._effects.close()
-        super().on_stop()
 
 
 def _unknown_outcome(text: str) -> SessionToolOutcome:
@@ -423,8 +428,229 @@ class CancelSession:
     loop: str = ""
 
 
-class SessionLoopActor(BusActor):
-    """Runs one ``run_session`` (RS-01..RS-37) and stops. Every wait is a continuation (MB-03).
+# The loop's states (RS-*): what the run waits for. The shared ones (the handle's start and stream,
+# accounting, cancellation, the end) are actors/runs/machine.py's.
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFacts:
+    """The run's request and the current round's number and accumulated facts (RS-21, RS-22); everything
+    but the number is reset when a round is selected (RS-37)."""
+
+    request: SessionRunRequest
+    round: int = 0
+    capture: JsonValue | None = None  # RS-21: the last non-None capture of the round's Continue outcomes
+    used_tool: bool = False
+    finish_requested: bool = False
+    emitted_response: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preparing:
+    """``prepare_round`` asked (RS-06)."""
+
+    run: Run[SessionFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class Submitting:
+    """``InferenceSubmitted`` being recorded; then the handle starts (RS-07)."""
+
+    run: Run[SessionFacts]
+    prepared: PreparedRound
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingEvent:
+    """A ``ProviderInput`` or ``UsageUpdated`` being recorded before the next read (RS-10, EV-10)."""
+
+    run: Run[SessionFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class Resuming:
+    """``execute_tool`` and then ``prepare_provider_resume`` asked, in one ``HostRunTool`` (RS-11, RS-13)."""
+
+    run: Run[SessionFacts]
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Responding:
+    """The native response sent (RS-14); ``stop``: the amended outcome's (RS-24)."""
+
+    run: Run[SessionFacts]
+    stop: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Completing:
+    """``complete_round`` or ``complete_capture`` asked (RS-21, RS-22, RS-27)."""
+
+    run: Run[SessionFacts]
+
+
+class SessionFlavor:
+    """``run_session``'s rows and hooks for the round machine."""
+
+    def begin(self, run: Any, *, cancelled: bool) -> Step:
+        request: SessionRunRequest = run.request
+        if request.round_limit <= 0:  # RS-02
+            return Step(Idle(), (Refuse(InvalidSessionRequest("round_limit must be at least 1")),))
+        if request.rounds_used < 0 or request.rounds_used > request.round_limit:  # RS-03
+            error = InvalidSessionRequest(
+                f"rounds_used {request.rounds_used} is outside 0..round_limit {request.round_limit}"
+            )
+            return Step(Idle(), (Refuse(error),))
+        if not request.call_timeout > 0:  # also rejects NaN
+            error = InvalidSessionRequest(f"call_timeout must be positive, not {request.call_timeout!r}")
+            return Step(Idle(), (Refuse(error),))
+        facts = Run(SessionFacts(request=request))
+        if cancelled:  # cancelled before the run reached this loop
+            return Step(Ended(), (Abort(SessionCancelled("the run was cancelled before it started"), False),))
+        return self._select(facts, request.rounds_used + 1)  # RS-04
+
+    def refused(self) -> BaseException:
+        return InvalidSessionRequest("this session loop runs one run_session only")
+
+    def cancelled(self, text: str) -> BaseException:
+        return SessionCancelled(text)
+
+    def record(self, event: Any) -> Any:
+        return HostRecord(event=event)
+
+    def receipt(self, run: Run[Any], receipt: UsageReceipt, usage: Any, continuation: Any) -> Any:
+        return SessionEvent.ProviderReceipt(
+            round=run.facts.round, usage=usage, receipt=receipt, continuation=continuation
+        )
+
+    def on_event(self, run: Run[Any], event: Any) -> Step:
+        facts: SessionFacts = run.facts
+        match event:
+            case SessionInferenceEvent.ProviderInput(context=context):  # RS-10
+                recorded: Any = SessionEvent.ProviderInput(round=facts.round, context=context)
+                return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
+            case SessionInferenceEvent.UsageUpdated(usage=usage):
+                recorded = SessionEvent.UsageUpdated(round=facts.round, usage=usage)
+                return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
+            case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
+                op = run.op
+                assert op is not None
+                run = replace(run.with_facts(replace(facts, used_tool=True)), progressed=True)
+                execute = HostRunTool(
+                    call_id=call_id,
+                    call=call,
+                    operation_id=op,
+                    idempotency_key=idempotency_key(facts.request.operation_id, facts.round, call_id),
+                )  # RS-13: the host decides the resume on the outcome in the same request
+                return Step(Resuming(run, call_id), (Ask(Target.HOST, execute),))
+        return abort(self, run, InferenceError(f"unexpected handle event {type(event).__name__}"))
+
+    def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
+        facts: SessionFacts = run.facts
+        if facts.capture is not None:  # RS-21
+            message: Any = HostCompleteCapture(capture=facts.capture, contents=completed.answer)
+        else:  # RS-22
+            message = HostCompleteRound(
+                completion=RoundCompletion(
+                    answer=completed.answer,
+                    used_tool=facts.used_tool,
+                    finish_requested=facts.finish_requested,
+                    emitted_response=facts.emitted_response,
+                    finish_reason=completed.finish_reason,
+                )
+            )
+        return Step(Completing(run), (Ask(Target.HOST, message),))
+
+    def succeed(self, run: Run[Any], answer: Any) -> Step:
+        effects: tuple[Any, ...] = (Close(),) if run.handle else ()
+        return Step(Ended(), (*effects, Finish(SessionResult(answer=answer))))
+
+    def then(self, run: Run[Any]) -> Step:
+        return self._select(run, run.facts.round + 1)
+
+    def _select(self, run: Run[SessionFacts], r: int) -> Step:
+        request = run.facts.request
+        closing: tuple[Any, ...] = (Close(),) if run.handle else ()
+        run = run.closed()
+        if r > request.round_limit:  # RS-05: before prepare_round
+            return Step(
+                Ended(), (*closing, Abort(SessionRoundLimitError(limit=request.round_limit), run.progressed))
+            )
+        run = run.with_facts(SessionFacts(request=request, round=r))  # RS-37: only the number is kept
+        return Step(Preparing(run), (*closing, Ask(Target.HOST, HostPrepareRound(round=r))))
+
+    def step(self, state: Any, message: Any) -> Step:
+        match state, message:
+            case Preparing(run=run), Answered(value=RoundPreparation.Complete(answer=answer)):
+                return self.succeed(run, answer)  # RS-06
+            case Preparing(run=run), Answered(value=RoundPreparation.Run(prepared=prepared)):
+                submitted = SessionEvent.InferenceSubmitted(
+                    round=run.facts.round, manifest_hash=manifest_hash(prepared.input), model=prepared.model
+                )
+                return Step(
+                    Submitting(run, prepared), (Ask(Target.HOST, HostRecord(event=submitted)),)
+                )  # RS-07
+            case Preparing(run=run), Answered(value=other):
+                return fail(run, SessionHostError(f"prepare_round returned {type(other).__name__}"))
+            case Submitting(run=run, prepared=prepared), Answered():
+                facts = run.facts
+                inference = SessionInferenceRequest(
+                    user_id=facts.request.user_id,
+                    operation_id=facts.request.operation_id,
+                    round=facts.round,
+                    prepared=prepared,
+                )  # RS-08: prepared passed through unchanged
+                return starting(run, inference)
+            case RecordingEvent(run=run), Answered():
+                return read(run)
+            case Resuming(run=run, call_id=call_id), Answered(
+                value=ProviderResume.Continue(outcome=o)
+            ):  # RS-14
+                facts = run.facts
+                run = run.with_facts(
+                    replace(
+                        facts,
+                        capture=facts.capture if o.capture is None else o.capture,  # RS-21: the last wins
+                        finish_requested=facts.finish_requested or o.finish_after_round,  # RS-22
+                        emitted_response=facts.emitted_response or o.emitted_response,
+                    )
+                )
+                respond = Respond(call_id=call_id, result=ToolResult(success=o.ok, output=o.text))
+                return Step(Responding(run, o.stop), (Ask(Target.HANDLE, respond),))
+            case Resuming(run=run), Answered(value=ProviderResume.Complete(answer=answer)):  # RS-15, 18, 25
+                return account(self, run, Succeed(answer))
+            case Resuming(run=run), Answered(value=ProviderResume.RestartFresh()):  # RS-16, 17, 20, 26
+                return account(self, run, Then())
+            case Resuming(run=run), Answered(value=other):
+                return abort(
+                    self, run, SessionHostError(f"prepare_provider_resume returned {type(other).__name__}")
+                )
+            case Responding(run=run), Failed(error=error):  # RS-33
+                return failed_with(self, run, error)
+            case Responding(run=run, stop=True), Answered():  # RS-24
+                return account(self, run, Succeed(None))
+            case Responding(run=run), Answered():  # RS-36: the next call only after this one's response
+                return read(run)
+            case Completing(run=run), Answered(value=SessionControl.Continue()):  # RS-27
+                return self.then(run)
+            case Completing(run=run), Answered(value=SessionControl.Complete(answer=answer)):
+                return self.succeed(run, answer)
+            case Completing(run=run), Answered(value=other):
+                return fail(run, SessionHostError(f"the completion callback returned {type(other).__name__}"))
+            case Preparing(run=run) | Submitting(run=run) | RecordingEvent(run=run) | Resuming(
+                run=run
+            ) | Completing(run=run), Failed(error=error):  # RS-35
+                return abort(self, run, error)
+        raise AssertionError(f"no row for {type(state).__name__} and {type(message).__name__}")
+
+
+SESSION: Final = SessionFlavor()
+
+
+class SessionLoopActor(RoundActor):
+    """Runs one ``run_session`` (RS-01..RS-37) and stops: the round machine (actors/runs/machine.py) with
+    ``SessionFlavor``'s rows, on the bus.
 
     ``CancelSession`` is answered at once; the run then ends at its next step boundary (before the next host
     or handle call it would make), accounting for an open provider turn first. A provider stream being read
@@ -432,407 +658,37 @@ class SessionLoopActor(BusActor):
     and the read's own answer are in, records whichever receipt exists, once.
     """
 
+    FLAVOR = SESSION
+    RUN = RunSession
+    CANCEL = CancelSession
+
     def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
         super().__init__(node, address)
         self._handle_timeout = handle_timeout
-        self._host_timeout = HOST_TIMEOUT
-        self._ctx: Context | None = None
-        self._request: SessionRunRequest | None = None
-        self._host = ""
-        self._router = ""
         self._observer: str | None = None
-        self._round = 0
-        self._handle: str | None = None
-        self._handle_ref: Any = None
-        self._handle_op: uuid.UUID | None = None
         self._handles = itertools.count()
-        self._cancelled = False
-        self._reading = False  # a NextEvent is in flight
-        self._interrupt: dict[str, Reply] | None = None  # a cancelled read: its answers, by kind
-        self._progressed = False  # a provider turn started or a tool ran: a later NotDelivered is Unavailable
-        self._reset_round()
 
-    def _reset_round(self) -> None:
-        self._capture: JsonValue | None = None
-        self._used_tool = False
-        self._finish_requested = False
-        self._emitted_response = False
-
-    # ------------------------------------------------------------------------------------ entry
-    def handle(self, message: Any, ctx: Context) -> Any:
-        if isinstance(message, CancelSession):
-            self._cancel()
-            return None
-        if not isinstance(message, RunSession):
-            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-        if self._ctx is not None:
-            raise InvalidSessionRequest("this session loop runs one run_session only")
-        request = message.request
-        if request.round_limit <= 0:  # RS-02
-            raise InvalidSessionRequest("round_limit must be at least 1")
-        if request.rounds_used < 0 or request.rounds_used > request.round_limit:  # RS-03
-            raise InvalidSessionRequest(
-                f"rounds_used {request.rounds_used} is outside 0..round_limit {request.round_limit}"
-            )
-        if not request.call_timeout > 0:  # also rejects NaN
-            raise InvalidSessionRequest(f"call_timeout must be positive, not {request.call_timeout!r}")
-        self._ctx, self._request = ctx, request
-        self._host, self._router = message.host, message.router
+    def accepted(self, message: Any) -> None:
+        request: SessionRunRequest = message.request
+        self._to = {Target.HOST: message.host, Target.ROUTER: message.router}
         self._observer = message.observer
-        self._host_timeout = request.call_timeout
-        self._handle_timeout = min(self._handle_timeout, request.call_timeout)
-        if self._cancelled:  # cancelled before the run reached this loop
-            self._fail(SessionCancelled("the run was cancelled before it started"))
-            return DEFER
-        self._select_round(request.rounds_used + 1)  # RS-04
-        return DEFER
+        self._timeout = {
+            Target.HOST: request.call_timeout,
+            Target.HANDLE: min(self._handle_timeout, request.call_timeout),
+        }
 
-    # ----------------------------------------------------------------------------------- cancel
-    def _cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
-        if self._reading and self._handle is not None and self._interrupt is None:
-            self._interrupt = {}
-            self.ask(
-                self._handle,
-                FinishUnavailable(),
-                lambda reply: self._interrupted("account", reply),
-                timeout=self._handle_timeout,
-            )
-
-    def _stopping(self) -> bool:
-        """At a step boundary: a cancelled run ends here (after accounting for an open turn)."""
-        if not self._cancelled:
-            return False
-        self._abort(SessionCancelled("the run was cancelled"))
-        return True
-
-    def _interrupted(self, kind: str, reply: Reply) -> None:
-        """A cancelled read: once the read's answer and the accounting's answer are both in, record the one
-        receipt the turn has (from the final event, an error that carries it, or the accounting)."""
-        interrupt = self._interrupt
-        assert interrupt is not None
-        interrupt[kind] = reply
-        if len(interrupt) < 2:
-            return
-        events: list[SessionEvent.ProviderReceipt] = []
-        seen: set[str] = set()
-        for part in (interrupt["event"], interrupt["account"]):
-            message = part.message if part.error is None else None
-            usage, continuation = None, None
-            if isinstance(message, SessionInferenceEvent.Completed):
-                receipt: Any = message.receipt
-                usage, continuation = message.usage, message.continuation
-            else:
-                receipt = message if part.error is None else getattr(part.error, "receipt", None)
-            if isinstance(receipt, UsageReceipt) and receipt.receipt_id not in seen:
-                seen.add(receipt.receipt_id)
-                events.append(
-                    SessionEvent.ProviderReceipt(
-                        round=self._round, usage=usage, receipt=receipt, continuation=continuation
-                    )
-                )
-        self._release_handle()
-        cancelled = SessionCancelled("the run was cancelled while the provider was streaming")
-        if not events:
-            failure = interrupt["account"].error or interrupt["event"].error
-            self._fail(cancelled if failure is None else note_accounting_failure(cancelled, failure))
-            return
-        self._record_receipts(events, cancelled)
-
-    def _record_receipts(self, events: list[SessionEvent.ProviderReceipt], error: BaseException) -> None:
-        first, rest = events[0], events[1:]
-
-        def recorded(reply: Reply) -> None:
-            if reply.error is not None:
-                self._fail(note_accounting_failure(error, reply.error))
-            elif rest:
-                self._record_receipts(rest, error)
-            else:
-                self._fail(error)
-
-        self.ask(self._host, HostRecord(event=first), recorded, timeout=self._host_timeout)
-
-    # ------------------------------------------------------------------------------ host / handle
-    def _call_host(self, message: Any, then: Callable[[Any], None]) -> None:
-        """Ask the host; any host error aborts the run (after accounting when a handle is active)."""
-        receipt = isinstance(message, HostRecord) and isinstance(message.event, SessionEvent.ProviderReceipt)
-        if not receipt and self._stopping():  # a receipt in hand is recorded even when cancelled
-            return
-
-        def on_reply(reply: Reply) -> None:
-            if reply.error is not None:
-                self._abort(reply.error)
-            else:
-                then(reply.message)
-
-        self.ask(self._host, message, on_reply, timeout=self._host_timeout)
-
-    def _record(self, event: AnySessionEvent, then: Callable[[], None]) -> None:
-        self._call_host(HostRecord(event=event), lambda _: then())  # EV-10: awaited
-
-    def _call_handle(self, message: Any, then: Callable[[Reply], None]) -> None:
-        assert self._handle is not None
-        if not isinstance(message, FinishUnavailable) and self._stopping():
-            return
-        if isinstance(message, NextEvent):
-            self._reading = True
-
-            def read(reply: Reply) -> None:
-                self._reading = False
-                if self._interrupt is not None:
-                    self._interrupted("event", reply)
-                else:
-                    then(reply)
-
-            self.ask(self._handle, message, read, timeout=self._handle_timeout)
-            return
-        self.ask(self._handle, message, then, timeout=self._handle_timeout)
-
-    # ---------------------------------------------------------------------------------- rounds
-    def _select_round(self, r: int) -> None:
-        request = self._request
-        assert request is not None
-        self._release_handle()
-        if r > request.round_limit:  # RS-05: before prepare_round
-            self._fail(SessionRoundLimitError(limit=request.round_limit))
-            return
-        self._round = r
-        self._reset_round()
-        self._call_host(HostPrepareRound(round=r), self._on_prepared)
-
-    def _on_prepared(self, preparation: Any) -> None:
-        match preparation:
-            case RoundPreparation.Complete(answer=answer):
-                self._succeed(answer)  # RS-06
-            case RoundPreparation.Run(prepared=prepared):
-                submitted = SessionEvent.InferenceSubmitted(
-                    round=self._round, manifest_hash=manifest_hash(prepared.input), model=prepared.model
-                )
-                self._record(submitted, lambda: self._start(prepared))  # RS-07
-            case other:
-                self._fail(SessionHostError(f"prepare_round returned {type(other).__name__}"))
-
-    def _start(self, prepared: PreparedRound) -> None:
-        request = self._request
-        assert request is not None
-        if self._stopping():
-            return
-        inference = SessionInferenceRequest(
-            user_id=request.user_id, operation_id=request.operation_id, round=self._round, prepared=prepared
-        )  # RS-08: prepared passed through unchanged
+    def open_handle(self, request: SessionInferenceRequest) -> tuple[str, Any]:
         name = f"{self.name}.inference.{next(self._handles)}"
         # Hosted on this loop's thread: the loop's requests to its handle, and the answers, change no thread.
-        self._handle_ref = self.host_actor(
+        ref = self.host_actor(
             InferenceHandleActor,
             name,
-            router=self._router,
-            request=inference,
-            start_timeout=self._handle_timeout,
+            router=self._to[Target.ROUTER],
+            request=request,
+            start_timeout=self._timeout[Target.HANDLE],
             observer=self._observer,
         )
-        self._handle = f"{self.node.name}/{name}"
-        self._call_handle(AwaitStarted(), self._on_started)
-
-    def _on_started(self, reply: Reply) -> None:
-        if reply.error is not None:
-            error = reply.error
-            self._release_handle()
-            receipt = error.receipt if isinstance(error, InferenceError) else None
-            if receipt is not None:  # RS-29
-                self._record_and_fail(error, receipt)
-            else:
-                self._fail(error)
-            return
-        started: InferenceStarted = reply.message
-        self._handle_op = started.operation_id
-        self._progressed = True
-        self._next()
-
-    def _next(self) -> None:
-        self._call_handle(NextEvent(), self._on_event)
-
-    def _on_event(self, reply: Reply) -> None:
-        if reply.error is not None:
-            error = reply.error
-            receipt = error.receipt if isinstance(error, InferenceError) else None
-            if receipt is not None:  # RS-30: the attached receipt
-                self._record_and_fail(error, receipt)
-            else:
-                self._abort(error)
-            return
-        match reply.message:
-            case Ok():  # RS-31: the stream closed without completion
-                self._abort(ProviderEndedError("the provider stream ended without a final answer"))
-            case SessionInferenceEvent.ProviderInput(context=context):  # RS-10
-                self._record(SessionEvent.ProviderInput(round=self._round, context=context), self._next)
-            case SessionInferenceEvent.UsageUpdated(usage=usage):
-                self._record(SessionEvent.UsageUpdated(round=self._round, usage=usage), self._next)
-            case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
-                self._tool(call_id, call)
-            case SessionInferenceEvent.Completed(
-                answer=answer, usage=usage, receipt=receipt, continuation=continuation, finish_reason=why
-            ):
-                self._release_handle()
-                event = SessionEvent.ProviderReceipt(
-                    round=self._round, usage=usage, receipt=receipt, continuation=continuation
-                )
-                self._record(event, lambda: self._complete_round(answer, why))  # RS-23
-            case other:
-                self._abort(InferenceError(f"unexpected handle event {type(other).__name__}"))
-
-    # ------------------------------------------------------------------------------------ tools
-    def _tool(self, call_id: str, call: ToolCall | ToolCallError) -> None:
-        request = self._request
-        assert request is not None and self._handle_op is not None
-        self._used_tool = True
-        self._progressed = True
-        execute = HostExecuteTool(
-            call_id=call_id,
-            call=call,
-            provider_operation_id=self._handle_op,
-            idempotency_key=idempotency_key(request.operation_id, self._round, call_id),
-        )
-        self._call_host(
-            execute,
-            lambda outcome: self._call_host(
-                HostPrepareResume(outcome=outcome), lambda resume: self._resume(call_id, resume)
-            ),  # RS-13
-        )
-
-    def _resume(self, call_id: str, resume: Any) -> None:
-        match resume:
-            case ProviderResume.Continue(outcome=outcome):  # RS-14
-                if outcome.capture is not None:
-                    self._capture = outcome.capture  # RS-21: the last non-None capture wins
-                self._finish_requested |= outcome.finish_after_round  # RS-22
-                self._emitted_response |= outcome.emitted_response
-                result = ToolResult(success=outcome.ok, output=outcome.text)
-
-                def responded(reply: Reply) -> None:
-                    receipt = getattr(reply.error, "receipt", None)
-                    if isinstance(receipt, UsageReceipt):  # RS-33: the turn ended at the Router
-                        assert reply.error is not None
-                        self._record_and_fail(reply.error, receipt)
-                    elif reply.error is not None:
-                        self._abort(reply.error)  # RS-33
-                    elif outcome.stop:
-                        self._account(lambda: self._succeed(None), self._fail)  # RS-24
-                    else:
-                        self._next()  # RS-36: the next call only after this one's response
-
-                self._call_handle(Respond(call_id=call_id, result=result), responded)
-            case ProviderResume.Complete(answer=answer):  # RS-15, RS-18, RS-25
-                self._account(lambda: self._succeed(answer), self._fail)
-            case ProviderResume.RestartFresh():  # RS-16, RS-17, RS-20, RS-26
-                self._account(lambda: self._select_round(self._round + 1), self._fail)
-            case other:
-                self._abort(SessionHostError(f"prepare_provider_resume returned {type(other).__name__}"))
-
-    # ------------------------------------------------------------------------------- completion
-    def _complete_round(self, answer: str, finish_reason: str = "stop") -> None:
-        if self._capture is not None:  # RS-21
-            message: Any = HostCompleteCapture(capture=self._capture, contents=answer)
-        else:  # RS-22
-            message = HostCompleteRound(
-                completion=RoundCompletion(
-                    answer=answer,
-                    used_tool=self._used_tool,
-                    finish_requested=self._finish_requested,
-                    emitted_response=self._emitted_response,
-                    finish_reason=finish_reason,
-                )
-            )
-        self._call_host(message, self._on_control)
-
-    def _on_control(self, control: Any) -> None:
-        match control:  # RS-27
-            case SessionControl.Continue():
-                self._select_round(self._round + 1)
-            case SessionControl.Complete(answer=answer):
-                self._succeed(answer)
-            case other:
-                self._fail(SessionHostError(f"the completion callback returned {type(other).__name__}"))
-
-    # ------------------------------------------------------------------------------- accounting
-    def _account(self, then: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
-        """finish_unavailable on the active handle, then record its receipt exactly once (EV-09)."""
-        if self._handle is None or self._handle_op is None:
-            then()
-            return
-
-        def accounted(reply: Reply) -> None:
-            error = reply.error
-            receipt = reply.message if error is None else getattr(error, "receipt", None)
-            self._release_handle()
-            if isinstance(receipt, UsageReceipt):
-                event = SessionEvent.ProviderReceipt(
-                    round=self._round, usage=None, receipt=receipt, continuation=None
-                )
-
-                def recorded(reply: Reply) -> None:
-                    # A host that cannot take the receipt (it died mid-tool) must not hide why the run
-                    # is ending: the accounting error, or the caller's own, is what ``failed`` reports.
-                    if error is not None:
-                        failed(error if reply.error is None else note_accounting_failure(error, reply.error))
-                    elif reply.error is not None:
-                        failed(reply.error)
-                    else:
-                        then()
-
-                self.ask(self._host, HostRecord(event=event), recorded, timeout=self._host_timeout)
-            elif error is not None:
-                failed(error)
-            else:
-                failed(InferenceError(f"finish_unavailable returned {type(receipt).__name__}"))
-
-        self._call_handle(FinishUnavailable(), accounted)
-
-    def _record_and_fail(self, error: BaseException, receipt: UsageReceipt) -> None:
-        """RS-29/30/33: an error's attached receipt is recorded once, then that error is raised, with a
-        failing record attached to it (RS-34), never in its place."""
-        self._release_handle()  # the handle is terminal: its receipt is the one attached
-        event = SessionEvent.ProviderReceipt(
-            round=self._round, usage=None, receipt=receipt, continuation=None
-        )
-
-        def recorded(reply: Reply) -> None:
-            self._fail(error if reply.error is None else note_accounting_failure(error, reply.error))
-
-        self.ask(self._host, HostRecord(event=event), recorded, timeout=self._host_timeout)
-
-    def _abort(self, error: BaseException) -> None:
-        """RS-12/RS-30..35: a failure with a live handle accounts for it first, then raises ``error``."""
-        if self._handle is None or self._handle_op is None:
-            self._fail(error)
-            return
-        self._account(
-            lambda: self._fail(error),
-            lambda accounting: self._fail(note_accounting_failure(error, accounting)),
-        )
-
-    # ------------------------------------------------------------------------------------ ending
-    def _release_handle(self) -> None:
-        ref, self._handle_ref = self._handle_ref, None
-        self._handle = None
-        self._handle_op = None
-        if ref is not None:
-            ref.stop(block=False)
-
-    def _succeed(self, answer: str | None) -> None:
-        self._release_handle()
-        ctx = self._ctx
-        if ctx is not None and not ctx.done:
-            ctx.reply(SessionResult(answer=answer))
-        self.stop()
-
-    def _fail(self, error: BaseException) -> None:
-        self._release_handle()
-        ctx = self._ctx
-        if ctx is not None and not ctx.done:
-            ctx.fail(retry_class(error, progressed=self._progressed))
-        self.stop()
+        return f"{self.node.name}/{name}", ref
 
 
 # ------------------------------------------------------------------------------------------------ facade
@@ -965,6 +821,7 @@ SESSION_MESSAGES = (
     HostPrepareRound,
     HostRecord,
     HostExecuteTool,
+    HostRunTool,
     HostPrepareResume,
     HostCompleteCapture,
     HostCompleteRound,

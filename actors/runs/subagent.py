@@ -16,28 +16,51 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
 
-from actors.base import DEFER, BusActor, Context
-from actors.effects import EffectRunner, EffectStore, RerunSafe, idempotency_key, rerun_rule
+from actors.base import Context
+from actors.effects import RerunSafe, idempotency_key
 from actors.errors import Broken, Cancelled, Invalid
 from actors.inference.handle import (
-    AwaitStarted,
-    FinishUnavailable,
-    InferenceError,
     InferenceHandleActor,
-    InferenceStarted,
-    NextEvent,
     PreparedRound,
-    ProviderEndedError,
     Respond,
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
 from actors.router.messages import CountTokens, ResolveModel, SubmitInput, TokenCount
+from actors.runs.events import AnyAuditEvent, AuditEvent
+from actors.runs.host import (
+    HANDLE_TIMEOUT,
+    HOST_TIMEOUT,
+    HostCompleteCapture,
+    HostExecuteTool,
+    HostRecord,
+    ToolHostActor,
+)
+from actors.runs.machine import (
+    Abort,
+    Answered,
+    Ask,
+    Ended,
+    Failed,
+    Finish,
+    Idle,
+    Refuse,
+    RoundActor,
+    Run,
+    Step,
+    Target,
+    abort,
+    fail,
+    failed_with,
+    read,
+    starting,
+)
 from actors.runs.projection import (
     HISTORY_CLOSE,
     HISTORY_OPEN,
@@ -55,27 +78,20 @@ from actors.runs.projection import (
     truncated,
 )
 from actors.types import (
-    AgentProvider,
     ResolvedAgentModel,
-    TokenUsage,
     ToolCall,
     ToolCallError,
     ToolResult,
     UsageReceipt,
-    note_accounting_failure,
     restore_accounting_note,
-    retry_class,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired, ProtocolError
-from transport.messages import Ok
 from transport.node import Node
-from transport.pending import Reply, chained, forbid_blocking
+from transport.pending import chained, forbid_blocking
 
 log = logging.getLogger(__name__)
 
-HOST_TIMEOUT: Final = 3600.0  # a tool may take long; the caller's own deadline bounds the run
-HANDLE_TIMEOUT: Final = 3600.0
 COUNT_TIMEOUT: Final = 120.0  # the first count may load a tokenizer
 
 __all__ = [
@@ -122,72 +138,6 @@ class RunResult:
     answer: str
     model: ResolvedAgentModel
 
-
-class AuditEvent:
-    """What a run records through ``Host.record``, in order (EV-01..EV-06); callers ``match`` on these."""
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Started:
-        TAG: ClassVar[str] = "sa.ev.started"
-        parent_operation_id: uuid.UUID
-        model: str
-        provider_model: str
-        provider: AgentProvider
-        context_window_tokens: int
-        max_input_tokens: int
-        context: tuple[str, ...]
-        task: str
-        host: JsonValue
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class InferenceSubmitted:
-        TAG: ClassVar[str] = "sa.ev.submitted"
-        parent_operation_id: uuid.UUID
-        round: int
-        manifest_hash: str
-        estimated_input_tokens: int
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ToolCall:
-        TAG: ClassVar[str] = "sa.ev.tool_call"
-        parent_operation_id: uuid.UUID
-        name: str
-        arguments: JsonValue
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ToolResult:
-        TAG: ClassVar[str] = "sa.ev.tool_result"
-        parent_operation_id: uuid.UUID
-        name: str
-        ok: bool
-        projection_accepted: bool
-        result: str
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ProviderReceipt:
-        TAG: ClassVar[str] = "sa.ev.receipt"
-        parent_operation_id: uuid.UUID
-        round: int
-        manifest_hash: str
-        usage: TokenUsage | None
-        receipt: UsageReceipt
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Completed:
-        TAG: ClassVar[str] = "sa.ev.completed"
-        parent_operation_id: uuid.UUID
-        model: str
-        response: str
-
-
-AnyAuditEvent = (
-    AuditEvent.Started
-    | AuditEvent.InferenceSubmitted
-    | AuditEvent.ToolCall
-    | AuditEvent.ToolResult
-    | AuditEvent.ProviderReceipt
-    | AuditEvent.Completed
-)
 
 # ----------------------------------------------------------------------------------------------- errors
 
@@ -270,37 +220,11 @@ class RenderedCall:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostExecuteTool:
-    """``idempotency_key``: the run's operation id and the call id (``idempotency_key(op, call_id)``), so
-    a repeat never runs the tool twice; empty: unprotected."""
-
-    TAG: ClassVar[str] = "sa.host.execute_tool"
-    call: ToolCall
-    operation_id: uuid.UUID
-    budget: ContextBudget
-    idempotency_key: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompleteCapture:
-    TAG: ClassVar[str] = "sa.host.complete_capture"
-    capture: JsonValue
-    contents: str
-    budget: ContextBudget
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostRecord:
-    TAG: ClassVar[str] = "sa.host.record"
-    event: AnyAuditEvent
-
-
-class RunHostActor(BusActor):
+class RunHostActor(ToolHostActor):
     """Serves one application ``Host`` on the bus: one request message per host method.
 
     ``execute_tool`` runs at most once per idempotency key, as in ``run_session``'s ``HostActor``
-    (actors/effects.py): a repeat gets the stored outcome; a key whose run was cut off gets
+    (actors/runs/host.py): a repeat gets the stored outcome; a key whose run was cut off gets
     ``ToolOutcome(ok=False, unknown=True)`` and is not run again unless ``rerun_safe`` says so; a store that
     cannot be written answers ``EffectStoreError``. ``effects``: the SQLite file (else in memory).
     """
@@ -314,10 +238,8 @@ class RunHostActor(BusActor):
         effects: str | Path | None = None,
         rerun_safe: RerunSafe = (),
     ) -> None:
-        super().__init__(node, address)
+        super().__init__(node, address, unknown=_unknown_outcome, effects=effects, rerun_safe=rerun_safe)
         self.host = host
-        self._effects = EffectRunner(self, EffectStore(effects), _unknown_outcome)
-        self._rerun_safe = rerun_rule(rerun_safe)
 
     def handle(self, message: Any, ctx: Context) -> Any:
         host = self.host
@@ -327,26 +249,25 @@ class RunHostActor(BusActor):
                 if not isinstance(text, str):
                     raise SubagentHostError(f"render_tool_call returned {type(text).__name__}, not str")
                 return RenderedCall(text=text)
-            case HostExecuteTool(call=call, operation_id=op, budget=budget, idempotency_key=key):
-                return self._effects.execute(
-                    ctx,
-                    key,
-                    f"tool {call.name[:80]!r}",
-                    lambda: host.execute_tool(call, op, budget),
-                    rerun_safe=self._rerun_safe(call),
-                )
-            case HostCompleteCapture(capture=capture, contents=contents, budget=budget):
-                return self._result(host.complete_capture(capture, contents, budget), ctx)
-            case HostRecord(event=event):
-                return self._result(host.record(event), ctx)
+            case HostExecuteTool(
+                call=ToolCall() as call,
+                operation_id=op,
+                budget=ContextBudget() as budget,
+                idempotency_key=key,
+            ):
+                return self.execute(ctx, call, key, partial(host.execute_tool, call, op, budget))
+            case HostCompleteCapture(capture=capture, contents=contents, budget=ContextBudget() as budget):
+                return self.answer_when_done(host.complete_capture(capture, contents, budget), ctx)
+            case HostRecord(
+                event=AuditEvent.Started()
+                | AuditEvent.InferenceSubmitted()
+                | AuditEvent.ToolCall()
+                | AuditEvent.ToolResult()
+                | AuditEvent.ProviderReceipt()
+                | AuditEvent.Completed() as event
+            ):
+                return self.answer_when_done(host.record(event), ctx)
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-
-    def _result(self, result: Any, ctx: Context) -> Any:
-        return self.answer_when_done(result, ctx)
-
-    def on_stop(self) -> None:
-        self._effects.close()
-        super().on_stop()
 
 
 def _unknown_outcome(text: str) -> ToolOutcome:
@@ -373,484 +294,552 @@ class CancelRun:
     TAG: ClassVar[str] = "sa.cancel"
 
 
-class SubagentRunActor(BusActor):
-    """Runs one ``run`` (SA-01..SA-28, EV-01..EV-06) and stops. Every wait is a continuation."""
+# The run's states (SA-*, EV-*): what it waits for. The shared ones (the handle's start and stream,
+# accounting, cancellation, the end) are actors/runs/machine.py's.
 
-    def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
-        super().__init__(node, address)
-        self._handle_timeout = handle_timeout
-        self._progressed = False  # the provider turn started: a later NotDelivered is Unavailable
-        self._ctx: Context | None = None
-        self._request: RunRequest | None = None
-        self._host = ""
-        self._router = ""
-        self._reserve = PROTOCOL_RESERVE_TOKENS
-        self._model: ResolvedAgentModel | None = None
-        self._projection: Projection | None = None
-        self._counts: dict[str, int] = {}
-        self._exact = False
-        self._round = 0
-        self._hash = ""
-        self._handle: str | None = None
-        self._handle_ref: Any = None
-        self._handle_op: uuid.UUID | None = None
-        self._capture: JsonValue | None = None
-        self._cancelled = False
 
-    # ------------------------------------------------------------------------------------ entry
-    def handle(self, message: Any, ctx: Context) -> Any:
-        if isinstance(message, CancelRun):
-            self._cancelled = True
-            return None
-        if not isinstance(message, RunSubagent):
-            raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
-        if self._ctx is not None:
-            raise InvalidRunRequest("this run actor runs one run only")
-        if message.protocol_reserve_tokens < 0:
-            raise InvalidRunRequest("protocol_reserve_tokens must be at least 0")
-        self._ctx, self._request = ctx, message.request
-        if self._cancelled:  # the cancel overtook the run: nothing has started
-            self._fail(RunCancelled("the run was cancelled before it started"))
-            return DEFER
-        self._host, self._router = message.host, message.router
-        self._reserve = message.protocol_reserve_tokens
-        self._projection = Projection(tuple(message.request.context), message.request.task)
-        self.ask(self._router, ResolveModel(requested=message.request.model), self._on_resolved)  # SA-01
-        return DEFER
+@dataclass(frozen=True, slots=True)
+class SubagentFacts:
+    """The run's request, its one model (SA-01), the projection and the sizes counted so far, the round
+    last submitted (EV-02, EV-04) and the designated capture (SA-21). ``projection`` is never changed in
+    place: a step that changes it works on a copy and carries the copy on."""
+
+    request: RunRequest
+    reserve: int
+    model: ResolvedAgentModel | None = None
+    projection: Projection | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)
+    exact: bool = False
+    round: int = 0
+    hash: str = ""
+    capture: JsonValue | None = None
 
     @property
-    def _op(self) -> uuid.UUID:
-        assert self._request is not None
-        return self._request.parent_operation_id
+    def op(self) -> uuid.UUID:
+        return self.request.parent_operation_id
 
     @property
-    def _max(self) -> int:
-        assert self._model is not None
-        return self._model.max_input_tokens
+    def maximum(self) -> int:
+        assert self.model is not None
+        return self.model.max_input_tokens
 
-    # ---------------------------------------------------------------------------- host / router
-    def _call_host(self, message: Any, then: Callable[[Any], None]) -> None:
-        """Ask the host; any host error aborts the run, after accounting for an active turn (SA-28)."""
+    def tokens(self, projection: Projection) -> int:
+        return sum(self.counts[p] for p in projection.pieces())
 
-        def on_reply(reply: Reply) -> None:
-            if reply.error is not None:
-                self._abort(reply.error)
-            else:
-                then(reply.message)
-
-        self.ask(self._host, message, on_reply, timeout=HOST_TIMEOUT)
-
-    def _record(self, event: AnyAuditEvent, then: Callable[[], None]) -> None:
-        self._call_host(HostRecord(event=event), lambda _: then())  # EV-10: awaited
-
-    def _counted(self, pieces: Sequence[str], then: Callable[[], None]) -> None:
-        """Count every piece not counted yet (one Router request), then continue."""
-        missing = list(dict.fromkeys(p for p in pieces if p not in self._counts))
-        if not missing:
-            then()
-            return
-        assert self._model is not None
-
-        def on_reply(reply: Reply) -> None:
-            if reply.error is not None:
-                self._abort(reply.error)
-                return
-            counted: TokenCount = reply.message
-            if len(counted.counts) != len(missing):
-                self._abort(BusError(f"CountTokens answered {len(counted.counts)} counts for {len(missing)}"))
-                return
-            self._exact = counted.exact
-            self._counts.update(zip(missing, counted.counts, strict=True))
-            then()
-
-        self.ask(
-            self._router,
-            CountTokens(model=self._model.model, texts=tuple(missing)),
-            on_reply,
-            timeout=COUNT_TIMEOUT,
-        )
-
-    def _tokens(self, projection: Projection) -> int:
-        return sum(self._counts[p] for p in projection.pieces())
-
-    def _budget(self, pending: str | None = None) -> ContextBudget:
-        assert self._projection is not None
-        return self._projection.budget(
-            self._counts.__getitem__,
-            reserve=self._reserve,
-            maximum=self._max,
-            exact=self._exact,
+    def budget(self, pending: str | None = None) -> ContextBudget:
+        assert self.projection is not None
+        return self.projection.budget(
+            self.counts.__getitem__,
+            reserve=self.reserve,
+            maximum=self.maximum,
+            exact=self.exact,
             pending=pending,
         )
 
-    # ---------------------------------------------------------------------------------- start
-    def _on_resolved(self, reply: Reply) -> None:
-        if reply.error is not None:
-            self._fail(reply.error)
-            return
-        model: ResolvedAgentModel = reply.message
-        request = self._request
-        assert request is not None and self._projection is not None
-        self._model = model
-        started = AuditEvent.Started(
-            parent_operation_id=self._op,
-            model=model.model,
-            provider_model=model.provider_model,
-            provider=model.provider,
-            context_window_tokens=model.context_window_tokens,
-            max_input_tokens=model.max_input_tokens,
-            context=tuple(request.context),
-            task=request.task,
-            host=request.start_metadata,
-        )  # EV-01
-        frames = (HISTORY_OPEN, HISTORY_CLOSE, STATE_OPEN, STATE_CLOSE)
-        self._record(started, lambda: self._counted((*self._projection_pieces(), *frames), self._first))
 
-    def _projection_pieces(self) -> list[str]:
-        assert self._projection is not None
-        return self._projection.pieces()
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A failure entry being placed (SA-16, SA-18, SA-25): exact when it fits, else truncated to fit."""
 
-    def _first(self) -> None:
-        assert self._projection is not None and self._request is not None and self._model is not None
-        rendered = self._projection.render()
-        estimated = self._tokens(self._projection) + self._reserve
-        if estimated > self._max:  # SA-06: before the provider turn starts
-            self._fail(ContextCapacityError(estimated=estimated, maximum=self._max))
-            return
-        self._round = 1
-        self._hash = manifest_hash(rendered)
+    call_id: str
+    name: str
+    rendered: str
+    text: str
+    ok: bool
+    accepted: bool
+    exact: str
+
+
+# What comes after a count (the sizes of the pieces named are then known).
+@dataclass(frozen=True, slots=True)
+class ToFirst:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ToExecute:
+    call_id: str
+    call: ToolCall
+    rendered: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToDecide:
+    call_id: str
+    call: ToolCall
+    rendered: str
+    outcome: ToolOutcome
+    candidate: Projection
+
+
+@dataclass(frozen=True, slots=True)
+class ToCheckExact:
+    placement: Placement
+    candidate: Projection
+    empty: Projection
+
+
+@dataclass(frozen=True, slots=True)
+class ToTruncate:
+    placement: Placement
+    candidate: Projection
+    empty: Projection
+
+
+@dataclass(frozen=True, slots=True)
+class ToCheckTruncated:
+    placement: Placement
+    candidate: Projection
+    shown: str
+
+
+AfterCount = ToFirst | ToExecute | ToDecide | ToCheckExact | ToTruncate | ToCheckTruncated
+
+
+@dataclass(frozen=True, slots=True)
+class Resolving:
+    run: Run[SubagentFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingStarted:
+    run: Run[SubagentFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class Counting:
+    run: Run[SubagentFacts]
+    missing: tuple[str, ...]
+    then: AfterCount
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittingFirst:
+    """The first ``InferenceSubmitted`` being recorded; then the turn starts (EV-02)."""
+
+    run: Run[SubagentFacts]
+    prepared: PreparedRound
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    run: Run[SubagentFacts]
+    call_id: str
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingCall:
+    run: Run[SubagentFacts]
+    call_id: str
+    call: ToolCall
+    rendered: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutingTool:
+    run: Run[SubagentFacts]
+    call_id: str
+    call: ToolCall
+    rendered: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingResult:
+    run: Run[SubagentFacts]
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingSubmitted:
+    run: Run[SubagentFacts]
+    call_id: str
+    result: ToolResult
+    rendered: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittingInput:
+    run: Run[SubagentFacts]
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class RespondingTool:
+    run: Run[SubagentFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class Capturing:
+    run: Run[SubagentFacts]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingCompleted:
+    run: Run[SubagentFacts]
+    answer: str
+
+
+def _host(message: Any, *, boundary: bool = False) -> Ask:
+    return Ask(Target.HOST, message, boundary=boundary)
+
+
+class SubagentFlavor:
+    """The subagent ``run``'s rows and hooks for the round machine: model resolution, the projection and
+    its budget checks, the capture."""
+
+    def begin(self, run: Any, *, cancelled: bool) -> Step:
+        if run.protocol_reserve_tokens < 0:
+            return Step(Idle(), (Refuse(InvalidRunRequest("protocol_reserve_tokens must be at least 0")),))
+        if cancelled:  # the cancel overtook the run: nothing has started
+            return Step(Ended(), (Abort(RunCancelled("the run was cancelled before it started"), False),))
+        request: RunRequest = run.request
+        facts = SubagentFacts(
+            request=request,
+            reserve=run.protocol_reserve_tokens,
+            projection=Projection(tuple(request.context), request.task),
+        )
+        ask = Ask(Target.ROUTER, ResolveModel(requested=request.model), boundary=False)  # SA-01
+        return Step(Resolving(Run(facts)), (ask,))
+
+    def refused(self) -> BaseException:
+        return InvalidRunRequest("this run actor runs one run only")
+
+    def cancelled(self, text: str) -> BaseException:
+        return RunCancelled(text)
+
+    def record(self, event: Any) -> Any:
+        return HostRecord(event=event)
+
+    def receipt(self, run: Run[Any], receipt: UsageReceipt, usage: Any, continuation: Any) -> Any:
+        facts: SubagentFacts = run.facts
+        return AuditEvent.ProviderReceipt(
+            parent_operation_id=facts.op,
+            round=facts.round,
+            manifest_hash=facts.hash,
+            usage=usage,
+            receipt=receipt,
+        )  # EV-04: the last submitted round
+
+    def on_event(self, run: Run[Any], event: Any) -> Step:
+        match event:
+            case SessionInferenceEvent.ToolCall(call_id=call_id, call=ToolCallError() as error):
+                text = str(error)  # SA-25: answered without the host; audited as a call_ktool result
+                placement = Placement(
+                    call_id, "call_ktool", INVALID_CALL, text, ok=False, accepted=True, exact=text
+                )
+                return self._place(run, placement)
+            case SessionInferenceEvent.ToolCall(call_id=call_id, call=ToolCall() as call):
+                # SA-05: once, before execute_tool; a cancelled run runs no further tool
+                render = _host(HostRenderToolCall(call=call), boundary=True)
+                return Step(Rendering(run, call_id, call), (render,))
+        return read(run)  # ProviderInput, UsageUpdated: a subagent run records neither
+
+    def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
+        facts: SubagentFacts = run.facts
+        answer = completed.answer
+        if facts.capture is None:
+            if not answer.strip():
+                return fail(run, EmptyAnswerError("the run's terminal answer is empty"))  # SA-23
+            return self.succeed(run, answer)
+        if not answer.strip():  # SA-22: complete_capture is never called
+            return fail(run, EmptyCaptureError("a capture was designated, but the terminal answer is empty"))
+        capture = HostCompleteCapture(capture=facts.capture, contents=answer, budget=facts.budget())
+        return Step(Capturing(run), (_host(capture),))  # SA-21
+
+    def succeed(self, run: Run[Any], answer: Any) -> Step:
+        facts: SubagentFacts = run.facts
+        assert facts.model is not None
+        done = AuditEvent.Completed(parent_operation_id=facts.op, model=facts.model.model, response=answer)
+        return Step(RecordingCompleted(run, answer), (_host(HostRecord(event=done)),))  # EV-05: last
+
+    def then(self, run: Run[Any]) -> Step:
+        raise AssertionError("a subagent run has one turn: nothing comes after its accounting but the end")
+
+    # ------------------------------------------------------------------------------ counting
+    def _count(self, run: Run[SubagentFacts], pieces: Sequence[str], then: AfterCount) -> Step:
+        """Count every piece not counted yet (one Router request), then go on with ``then``."""
+        facts = run.facts
+        missing = tuple(dict.fromkeys(p for p in pieces if p not in facts.counts))
+        if not missing:
+            return self._counted(run, then)
+        assert facts.model is not None
+        count = Ask(Target.ROUTER, CountTokens(model=facts.model.model, texts=missing), False, COUNT_TIMEOUT)
+        return Step(Counting(run, missing, then), (count,))
+
+    def _counted(self, run: Run[SubagentFacts], then: AfterCount) -> Step:
+        facts = run.facts
+        match then:
+            case ToFirst():
+                return self._first(run)
+            case ToExecute(call_id=call_id, call=call, rendered=rendered):
+                assert run.op is not None
+                execute = HostExecuteTool(
+                    call=call,
+                    operation_id=run.op,
+                    budget=facts.budget(pending=rendered),  # SA-20: P before this result is applied
+                    idempotency_key=idempotency_key(run.op, call_id),
+                    call_id=call_id,
+                )
+                return Step(ExecutingTool(run, call_id, call, rendered), (_host(execute),))
+            case ToDecide(
+                call_id=call_id, call=call, rendered=rendered, outcome=outcome, candidate=candidate
+            ):
+                needed = facts.tokens(candidate) + facts.reserve
+                if needed > facts.maximum:  # SA-16: a failure to the provider; projected state unchanged
+                    text = rejection_text(needed, facts.maximum)
+                    placement = Placement(
+                        call_id, call.name, rendered, text, ok=True, accepted=False, exact=outcome.text
+                    )
+                    return self._place(run, placement)
+                capture = (
+                    facts.capture if outcome.capture is None else outcome.capture
+                )  # SA-21: the last wins
+                run = run.with_facts(replace(facts, projection=candidate, capture=capture))  # SA-17: exact
+                result = ToolResult(success=True, output=outcome.text)
+                return self._tool_done(run, call_id, call.name, result, True, True, outcome.text)
+            case ToCheckExact(placement=p, candidate=candidate, empty=empty):
+                if facts.tokens(candidate) + facts.reserve <= facts.maximum:
+                    return self._placed(run, p, candidate, p.text, p.accepted)
+                return self._count(run, empty.pieces(), ToTruncate(p, candidate, empty))
+            case ToTruncate(placement=p, candidate=candidate, empty=empty):
+                room = facts.maximum - facts.reserve - facts.tokens(empty)
+                shown = truncated(p.text, room, facts.exact)
+                candidate = candidate.copy()
+                candidate.entries[-1] = replace(candidate.entries[-1], text=shown)
+                return self._count(run, candidate.pieces(), ToCheckTruncated(p, candidate, shown))
+            case ToCheckTruncated(placement=p, candidate=candidate, shown=shown):
+                needed = facts.tokens(candidate) + facts.reserve
+                if needed > facts.maximum:
+                    return abort(self, run, ContextCapacityError(estimated=needed, maximum=facts.maximum))
+                return self._placed(run, p, candidate, shown, False)
+
+    # ------------------------------------------------------------------------------ the turn
+    def _first(self, run: Run[SubagentFacts]) -> Step:
+        facts = run.facts
+        assert facts.projection is not None and facts.model is not None
+        rendered = facts.projection.render()
+        estimated = facts.tokens(facts.projection) + facts.reserve
+        if estimated > facts.maximum:  # SA-06: before the provider turn starts
+            return fail(run, ContextCapacityError(estimated=estimated, maximum=facts.maximum))
+        run = run.with_facts(replace(facts, round=1, hash=manifest_hash(rendered)))
         submitted = AuditEvent.InferenceSubmitted(
-            parent_operation_id=self._op, round=1, manifest_hash=self._hash, estimated_input_tokens=estimated
+            parent_operation_id=facts.op,
+            round=1,
+            manifest_hash=run.facts.hash,
+            estimated_input_tokens=estimated,
         )
         prepared = PreparedRound(
             input=rendered,
             provider_input=rendered,
             continuation=None,  # SA-02: fresh
-            model=self._model.model,  # SA-01: the one resolution
-            reasoning_effort=self._request.reasoning_effort,  # SA-26
+            model=facts.model.model,  # SA-01: the one resolution
+            reasoning_effort=facts.request.reasoning_effort,  # SA-26
             tool_description=RUN_TOOL_DESCRIPTION,  # SA-27
-            timeout=self._request.timeout,
+            timeout=facts.request.timeout,
         )
-        self._record(submitted, lambda: self._start(prepared))  # EV-02
+        return Step(SubmittingFirst(run, prepared), (_host(HostRecord(event=submitted)),))  # EV-02
 
-    def _start(self, prepared: PreparedRound) -> None:
-        request = self._request
-        assert request is not None
-        inference = SessionInferenceRequest(
-            user_id=request.user_id, operation_id=request.parent_operation_id, round=1, prepared=prepared
+    def _place(self, run: Run[SubagentFacts], p: Placement) -> Step:
+        """A failure entry: exact when it fits, else truncated to fit, else the run cannot go on
+        (``ContextCapacityError`` after accounting)."""
+        projection = run.facts.projection
+        assert projection is not None
+        candidate = projection.copy()
+        candidate.add(p.rendered, p.text, False)
+        empty = projection.copy()
+        empty.add(p.rendered, "", False)
+        return self._count(run, candidate.pieces(), ToCheckExact(p, candidate, empty))
+
+    def _placed(
+        self, run: Run[SubagentFacts], p: Placement, candidate: Projection, shown: str, accepted: bool
+    ) -> Step:
+        run = run.with_facts(replace(run.facts, projection=candidate))
+        result = ToolResult(success=False, output=shown)
+        return self._tool_done(run, p.call_id, p.name, result, p.ok, accepted, p.exact)
+
+    def _tool_done(
+        self,
+        run: Run[SubagentFacts],
+        call_id: str,
+        name: str,
+        result: ToolResult,
+        ok: bool,
+        accepted: bool,
+        exact: str,
+    ) -> Step:
+        """Audit the classified result (SA-15: the exact text); then the next provider request."""
+        audited = AuditEvent.ToolResult(
+            parent_operation_id=run.facts.op, name=name, ok=ok, projection_accepted=accepted, result=exact
         )
+        return Step(RecordingResult(run, call_id, result), (_host(HostRecord(event=audited)),))
+
+    def _submit(self, run: Run[SubagentFacts], call_id: str, result: ToolResult) -> Step:
+        """SA-19: the whole projection re-rendered and submitted, then the native response."""
+        facts = run.facts
+        assert facts.projection is not None
+        rendered = facts.projection.render()
+        estimated = facts.tokens(facts.projection) + facts.reserve
+        if estimated > facts.maximum:  # SA-06 before every request (placement keeps it from happening)
+            return abort(self, run, ContextCapacityError(estimated=estimated, maximum=facts.maximum))
+        run = run.with_facts(replace(facts, round=facts.round + 1, hash=manifest_hash(rendered)))
+        submitted = AuditEvent.InferenceSubmitted(
+            parent_operation_id=facts.op,
+            round=run.facts.round,
+            manifest_hash=run.facts.hash,
+            estimated_input_tokens=estimated,
+        )
+        return Step(RecordingSubmitted(run, call_id, result, rendered), (_host(HostRecord(event=submitted)),))
+
+    # ------------------------------------------------------------------------------ the rows
+    def step(self, state: Any, message: Any) -> Step:
+        match state, message:
+            case Resolving(run=run), Answered(value=ResolvedAgentModel() as model):
+                facts = replace(run.facts, model=model)
+                request = facts.request
+                started = AuditEvent.Started(
+                    parent_operation_id=facts.op,
+                    model=model.model,
+                    provider_model=model.provider_model,
+                    provider=model.provider,
+                    context_window_tokens=model.context_window_tokens,
+                    max_input_tokens=model.max_input_tokens,
+                    context=tuple(request.context),
+                    task=request.task,
+                    host=request.start_metadata,
+                )  # EV-01
+                return Step(RecordingStarted(run.with_facts(facts)), (_host(HostRecord(event=started)),))
+            case Resolving(run=run), Answered(value=other):
+                return fail(run, SubagentHostError(f"ResolveModel answered {type(other).__name__}"))
+            case Resolving(run=run), Failed(error=error):
+                return fail(run, error)
+            case RecordingStarted(run=run), Answered():
+                assert run.facts.projection is not None
+                frames = (HISTORY_OPEN, HISTORY_CLOSE, STATE_OPEN, STATE_CLOSE)
+                return self._count(run, (*run.facts.projection.pieces(), *frames), ToFirst())
+            case Counting(run=run, missing=missing, then=then), Answered(value=TokenCount() as counted):
+                if len(counted.counts) != len(missing):
+                    error = BusError(f"CountTokens answered {len(counted.counts)} counts for {len(missing)}")
+                    return abort(self, run, error)
+                counts = {**run.facts.counts, **dict(zip(missing, counted.counts, strict=True))}
+                return self._counted(
+                    run.with_facts(replace(run.facts, counts=counts, exact=counted.exact)), then
+                )
+            case Counting(run=run), Answered(value=other):
+                return abort(self, run, BusError(f"CountTokens answered {type(other).__name__}"))
+            case SubmittingFirst(run=run, prepared=prepared), Answered():
+                facts = run.facts
+                inference = SessionInferenceRequest(
+                    user_id=facts.request.user_id, operation_id=facts.op, round=1, prepared=prepared
+                )
+                return starting(run, inference)
+            case Rendering(run=run, call_id=call_id, call=call), Answered(value=RenderedCall(text=text)):
+                event = AuditEvent.ToolCall(
+                    parent_operation_id=run.facts.op, name=call.name, arguments=call.arguments
+                )
+                return Step(
+                    RecordingCall(run, call_id, call, text), (_host(HostRecord(event=event)),)
+                )  # EV-03
+            case Rendering(run=run), Answered(value=other):
+                return abort(
+                    self, run, SubagentHostError(f"render_tool_call returned {type(other).__name__}")
+                )
+            case RecordingCall(run=run, call_id=call_id, call=call, rendered=rendered), Answered():
+                assert run.facts.projection is not None
+                pending = run.facts.projection.copy()
+                pending.add(rendered, "", True)
+                return self._count(run, pending.pieces(), ToExecute(call_id, call, rendered))
+            case ExecutingTool(run=run, call_id=call_id, call=call, rendered=rendered), Answered(
+                value=ToolOutcome() as outcome
+            ):
+                if not outcome.ok:  # SA-18: updates, displayed keys and capture ignored
+                    p = Placement(
+                        call_id,
+                        call.name,
+                        rendered,
+                        outcome.text,
+                        ok=False,
+                        accepted=True,
+                        exact=outcome.text,
+                    )
+                    return self._place(run, p)
+                assert run.facts.projection is not None
+                candidate = run.facts.projection.copy()
+                candidate.add(rendered, outcome.text, True, outcome.displayed_state_keys)
+                candidate.apply(outcome.state_updates)
+                return self._count(
+                    run, candidate.pieces(), ToDecide(call_id, call, rendered, outcome, candidate)
+                )
+            case ExecutingTool(run=run), Answered(value=other):
+                return abort(self, run, SubagentHostError(f"execute_tool returned {type(other).__name__}"))
+            case RecordingResult(run=run, call_id=call_id, result=result), Answered():
+                return self._submit(run, call_id, result)
+            case RecordingSubmitted(run=run, call_id=call_id, result=result, rendered=rendered), Answered():
+                assert run.op is not None
+                submit = Ask(Target.ROUTER, SubmitInput(operation_id=run.op, input=rendered), boundary=False)
+                return Step(SubmittingInput(run, call_id, result), (submit,))
+            case SubmittingInput(run=run, call_id=call_id, result=result), Answered():
+                respond = Ask(Target.HANDLE, Respond(call_id=call_id, result=result), boundary=False)
+                return Step(RespondingTool(run), (respond,))
+            case SubmittingInput(run=run) | RespondingTool(run=run), Failed(error=error):
+                return failed_with(self, run, error)
+            case RespondingTool(run=run), Answered():
+                return read(run)
+            case Capturing(run=run), Answered(value=outcome):
+                match outcome:  # SA-24
+                    case ToolOutcome(ok=False, text=text):
+                        return fail(run, CaptureFailedError(text[:2000]))
+                    case ToolOutcome(text=text) if not text.strip():
+                        return fail(run, EmptyAnswerError("complete_capture returned an empty result"))
+                    case ToolOutcome(text=text):
+                        return self.succeed(run, text)
+                return fail(run, SubagentHostError(f"complete_capture returned {type(outcome).__name__}"))
+            case RecordingCompleted(run=run, answer=answer), Answered():
+                assert run.facts.model is not None
+                return Step(Ended(), (Finish(RunResult(answer=answer, model=run.facts.model)),))
+            case RecordingStarted(run=run) | Counting(run=run) | SubmittingFirst(run=run) | Rendering(
+                run=run
+            ) | RecordingCall(run=run) | ExecutingTool(run=run) | RecordingResult(
+                run=run
+            ) | RecordingSubmitted(run=run) | Capturing(run=run) | RecordingCompleted(run=run), Failed(
+                error=error
+            ):  # SA-28
+                return abort(self, run, error)
+        raise AssertionError(f"no row for {type(state).__name__} and {type(message).__name__}")
+
+
+SUBAGENT: Final = SubagentFlavor()
+
+
+class SubagentRunActor(RoundActor):
+    """Runs one ``run`` (SA-01..SA-28, EV-01..EV-06) and stops: the round machine (actors/runs/machine.py)
+    with ``SubagentFlavor``'s rows, on the bus."""
+
+    FLAVOR = SUBAGENT
+    RUN = RunSubagent
+    CANCEL = CancelRun
+
+    def __init__(self, node: Node, address: str, *, handle_timeout: float = HANDLE_TIMEOUT) -> None:
+        super().__init__(node, address)
+        self._handle_timeout = handle_timeout
+
+    def accepted(self, message: Any) -> None:
+        self._to = {Target.HOST: message.host, Target.ROUTER: message.router}
+        self._timeout = {Target.HOST: HOST_TIMEOUT, Target.HANDLE: self._handle_timeout, Target.ROUTER: None}
+
+    def open_handle(self, request: SessionInferenceRequest) -> tuple[str, Any]:
         name = f"{self.name}.inference"
-        self._handle_ref = self.node.spawn(
+        ref = self.node.spawn(
             InferenceHandleActor,
             name,
-            router=self._router,
-            request=inference,
+            router=self._to[Target.ROUTER],
+            request=request,
             start_timeout=self._handle_timeout,
             ephemeral=True,
         )
-        self._handle = f"{self.node.name}/{name}"
-        self._call_handle(AwaitStarted(), self._on_started)
-
-    def _call_handle(self, message: Any, then: Callable[[Reply], None]) -> None:
-        assert self._handle is not None
-        self.ask(self._handle, message, then, timeout=self._handle_timeout)
-
-    def _on_started(self, reply: Reply) -> None:
-        if reply.error is not None:
-            error = reply.error
-            self._release_handle()
-            receipt = error.receipt if isinstance(error, InferenceError) else None
-            if receipt is not None:
-                self._record_and_fail(error, receipt)
-            else:
-                self._fail(error)
-            return
-        started: InferenceStarted = reply.message
-        self._handle_op = started.operation_id  # SA-20: the run's child operation, stable for the run
-        self._progressed = True
-        self._next()
-
-    # --------------------------------------------------------------------------------- events
-    def _next(self) -> None:
-        if self._cancelled:
-            self._abort(RunCancelled("the run was cancelled"))
-            return
-        self._call_handle(NextEvent(), self._on_event)
-
-    def _on_event(self, reply: Reply) -> None:
-        if reply.error is not None:
-            self._failed_with(reply.error)
-            return
-        match reply.message:
-            case Ok():
-                self._abort(ProviderEndedError("the provider stream ended without a final answer"))
-            case SessionInferenceEvent.ProviderInput() | SessionInferenceEvent.UsageUpdated():
-                self._next()
-            case SessionInferenceEvent.ToolCall() if self._cancelled:  # no new tool after a cancel
-                self._abort(RunCancelled("the run was cancelled"))
-            case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):
-                if isinstance(call, ToolCallError):
-                    self._invalid(call_id, call)
-                else:
-                    self._call_host(
-                        HostRenderToolCall(call=call),
-                        lambda rendered: self._rendered(call_id, call, rendered),
-                    )  # SA-05: once, before execute_tool
-            case SessionInferenceEvent.Completed(answer=answer, usage=usage, receipt=receipt):
-                self._release_handle()
-                event = AuditEvent.ProviderReceipt(
-                    parent_operation_id=self._op,
-                    round=self._round,
-                    manifest_hash=self._hash,
-                    usage=usage,
-                    receipt=receipt,
-                )  # EV-04: the last submitted round
-                self._record(event, lambda: self._complete(answer))
-            case other:
-                self._abort(InferenceError(f"unexpected handle event {type(other).__name__}"))
-
-    def _failed_with(self, error: BusError) -> None:
-        receipt = getattr(error, "receipt", None)
-        if isinstance(receipt, UsageReceipt):  # the turn ended at the Router: its receipt, once
-            self._record_and_fail(error, receipt)
-        else:
-            self._abort(error)
-
-    # ---------------------------------------------------------------------------------- tools
-    def _invalid(self, call_id: str, error: ToolCallError) -> None:
-        """SA-25: answered with a failure without the host; audited as a ``call_ktool`` result."""
-        text = str(error)
-        self._place_failure(call_id, "call_ktool", INVALID_CALL, text, ok=False, accepted=True, exact=text)
-
-    def _rendered(self, call_id: str, call: ToolCall, rendered: Any) -> None:
-        if not isinstance(rendered, RenderedCall):
-            self._abort(SubagentHostError(f"render_tool_call returned {type(rendered).__name__}"))
-            return
-        text = rendered.text
-        assert self._projection is not None
-        pending = self._projection.copy()
-        pending.add(text, "", True)
-
-        def execute() -> None:
-            assert self._handle_op is not None
-            budget = self._budget(pending=text)  # SA-20: P before this result is applied
-            self._call_host(
-                HostExecuteTool(
-                    call=call,
-                    operation_id=self._handle_op,
-                    budget=budget,
-                    idempotency_key=idempotency_key(self._handle_op, call_id),
-                ),
-                lambda outcome: self._classify(call_id, call, text, outcome),
-            )
-
-        event = AuditEvent.ToolCall(parent_operation_id=self._op, name=call.name, arguments=call.arguments)
-        self._record(event, lambda: self._counted(pending.pieces(), execute))  # EV-03
-
-    def _classify(self, call_id: str, call: ToolCall, rendered: str, outcome: Any) -> None:
-        if not isinstance(outcome, ToolOutcome):
-            self._abort(SubagentHostError(f"execute_tool returned {type(outcome).__name__}"))
-            return
-        if not outcome.ok:  # SA-18: updates, displayed keys and capture ignored
-            self._place_failure(
-                call_id, call.name, rendered, outcome.text, ok=False, accepted=True, exact=outcome.text
-            )
-            return
-        assert self._projection is not None
-        candidate = self._projection.copy()
-        candidate.add(rendered, outcome.text, True, outcome.displayed_state_keys)
-        candidate.apply(outcome.state_updates)
-
-        def decide() -> None:
-            needed = self._tokens(candidate) + self._reserve
-            if needed > self._max:  # SA-16: a failure to the provider; projected state unchanged
-                self._place_failure(
-                    call_id,
-                    call.name,
-                    rendered,
-                    rejection_text(needed, self._max),
-                    ok=True,
-                    accepted=False,
-                    exact=outcome.text,
-                )
-                return
-            self._projection = candidate  # SA-17: exact
-            if outcome.capture is not None:
-                self._capture = outcome.capture  # SA-21: ok and accepted only; the last one wins
-            self._tool_done(
-                call_id, call.name, ToolResult(success=True, output=outcome.text), True, True, outcome.text
-            )
-
-        self._counted(candidate.pieces(), decide)
-
-    def _place_failure(
-        self, call_id: str, name: str, rendered: str, text: str, *, ok: bool, accepted: bool, exact: str
-    ) -> None:
-        """A failure entry (SA-16, SA-18, SA-25): exact when it fits, else truncated to fit, else the run
-        cannot go on (``ContextCapacityError`` after accounting)."""
-        assert self._projection is not None
-        candidate = self._projection.copy()
-        candidate.add(rendered, text, False)
-        empty = self._projection.copy()
-        empty.add(rendered, "", False)
-
-        def placed(shown: str, accepted: bool) -> None:
-            self._projection = candidate
-            self._tool_done(call_id, name, ToolResult(success=False, output=shown), ok, accepted, exact)
-
-        def try_truncated() -> None:
-            room = self._max - self._reserve - self._tokens(empty)
-            shown = truncated(text, room, self._exact)
-            candidate.entries[-1] = replace(candidate.entries[-1], text=shown)
-
-            def check() -> None:
-                needed = self._tokens(candidate) + self._reserve
-                if needed > self._max:
-                    self._abort(ContextCapacityError(estimated=needed, maximum=self._max))
-                else:
-                    placed(shown, False)
-
-            self._counted(candidate.pieces(), check)
-
-        def check_exact() -> None:
-            if self._tokens(candidate) + self._reserve <= self._max:
-                placed(text, accepted)
-            else:
-                self._counted(empty.pieces(), try_truncated)
-
-        self._counted(candidate.pieces(), check_exact)
-
-    def _tool_done(
-        self, call_id: str, name: str, result: ToolResult, ok: bool, accepted: bool, exact: str
-    ) -> None:
-        """Audit the classified result (SA-15: the exact text), then the next provider request: the whole
-        projection re-rendered and submitted, then the native response (SA-19)."""
-        audited = AuditEvent.ToolResult(
-            parent_operation_id=self._op, name=name, ok=ok, projection_accepted=accepted, result=exact
-        )
-        self._record(audited, lambda: self._submit(call_id, result))
-
-    def _submit(self, call_id: str, result: ToolResult) -> None:
-        assert self._projection is not None and self._handle_op is not None
-        rendered = self._projection.render()
-        estimated = self._tokens(self._projection) + self._reserve
-        if estimated > self._max:  # SA-06 before every request (placement keeps it from happening)
-            self._abort(ContextCapacityError(estimated=estimated, maximum=self._max))
-            return
-        self._round += 1
-        self._hash = manifest_hash(rendered)
-        submitted = AuditEvent.InferenceSubmitted(
-            parent_operation_id=self._op,
-            round=self._round,
-            manifest_hash=self._hash,
-            estimated_input_tokens=estimated,
-        )
-        op = self._handle_op
-
-        def submitted_input(reply: Reply) -> None:
-            if reply.error is not None:
-                self._failed_with(reply.error)
-                return
-            self._call_handle(Respond(call_id=call_id, result=result), responded)
-
-        def responded(reply: Reply) -> None:
-            if reply.error is not None:
-                self._failed_with(reply.error)
-            else:
-                self._next()
-
-        def submit() -> None:
-            self.ask(self._router, SubmitInput(operation_id=op, input=rendered), submitted_input)
-
-        self._record(submitted, submit)
-
-    # ------------------------------------------------------------------------------ completion
-    def _complete(self, answer: str) -> None:
-        if self._capture is None:
-            if not answer.strip():
-                self._fail(EmptyAnswerError("the run's terminal answer is empty"))  # SA-23
-            else:
-                self._succeed(answer)
-            return
-        if not answer.strip():  # SA-22: complete_capture is never called
-            self._fail(EmptyCaptureError("a capture was designated, but the terminal answer is empty"))
-            return
-        capture = HostCompleteCapture(capture=self._capture, contents=answer, budget=self._budget())
-        self._call_host(capture, self._on_captured)  # SA-21
-
-    def _on_captured(self, outcome: Any) -> None:
-        match outcome:  # SA-24
-            case ToolOutcome(ok=False, text=text):
-                self._fail(CaptureFailedError(text[:2000]))
-            case ToolOutcome(text=text) if not text.strip():
-                self._fail(EmptyAnswerError("complete_capture returned an empty result"))
-            case ToolOutcome(text=text):
-                self._succeed(text)
-            case other:
-                self._fail(SubagentHostError(f"complete_capture returned {type(other).__name__}"))
-
-    def _succeed(self, answer: str) -> None:
-        model = self._model
-        assert model is not None
-        done = AuditEvent.Completed(parent_operation_id=self._op, model=model.model, response=answer)
-
-        def reply() -> None:
-            ctx = self._ctx
-            if ctx is not None and not ctx.done:
-                ctx.reply(RunResult(answer=answer, model=model))
-            self.stop()
-
-        self._record(done, reply)  # EV-05: last, on success only
-
-    # ------------------------------------------------------------------------------ accounting
-    def _abort(self, error: BaseException) -> None:
-        """SA-28: with an active turn, account for it as interrupted and record its receipt, then fail."""
-        if self._handle is None or self._handle_op is None:
-            self._fail(error)
-            return
-
-        def accounted(reply: Reply) -> None:
-            failure = reply.error
-            receipt = reply.message if failure is None else getattr(failure, "receipt", None)
-            self._release_handle()
-            if isinstance(receipt, UsageReceipt):
-                self._record_and_fail(error, receipt)
-            else:
-                self._fail(error if failure is None else note_accounting_failure(error, failure))
-
-        self._call_handle(FinishUnavailable(), accounted)
-
-    def _record_and_fail(self, error: BaseException, receipt: UsageReceipt) -> None:
-        """The turn's receipt is recorded once (EV-04, EV-09), then ``error`` is raised; a failing record
-        is attached to it, never raised in its place (nor retried)."""
-        self._release_handle()
-        event = AuditEvent.ProviderReceipt(
-            parent_operation_id=self._op,
-            round=self._round,
-            manifest_hash=self._hash,
-            usage=None,
-            receipt=receipt,
-        )
-
-        def recorded(reply: Reply) -> None:
-            self._fail(error if reply.error is None else note_accounting_failure(error, reply.error))
-
-        self.ask(self._host, HostRecord(event=event), recorded, timeout=HOST_TIMEOUT)
-
-    # ------------------------------------------------------------------------------------ ending
-    def _release_handle(self) -> None:
-        ref, self._handle_ref = self._handle_ref, None
-        self._handle = None
-        self._handle_op = None
-        if ref is not None:
-            ref.stop(block=False)
-
-    def _fail(self, error: BaseException) -> None:
-        self._release_handle()
-        ctx = self._ctx
-        if ctx is not None and not ctx.done:
-            ctx.fail(retry_class(error, progressed=self._progressed))
-        self.stop()
+        return f"{self.node.name}/{name}", ref
 
 
 # ------------------------------------------------------------------------------------------------ facade
@@ -939,9 +928,6 @@ SUBAGENT_MESSAGES = (
     AuditEvent.Completed,
     HostRenderToolCall,
     RenderedCall,
-    HostExecuteTool,
-    HostCompleteCapture,
-    HostRecord,
     RunSubagent,
     CancelRun,
 )

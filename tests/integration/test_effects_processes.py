@@ -67,7 +67,7 @@ HOSTS = [
         ("--hang",),
         "EXECUTE slow",
         lambda key: HostExecuteTool(
-            call_id="c1", call=ToolCall(name="slow"), provider_operation_id=OP, idempotency_key=key
+            call_id="c1", call=ToolCall(name="slow"), operation_id=OP, idempotency_key=key
         ),
         SessionToolOutcome,
     ),

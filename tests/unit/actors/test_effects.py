@@ -197,7 +197,7 @@ class SessionHost:
 
     def message(self, key: str) -> Any:
         call = ToolCall(name="effect", arguments={})
-        return HostExecuteTool(call_id="c1", call=call, provider_operation_id=OP, idempotency_key=key)
+        return HostExecuteTool(call_id="c1", call=call, operation_id=OP, idempotency_key=key)
 
     def view(self, reply: Any) -> tuple[bool, str, bool]:
         assert isinstance(reply, SessionToolOutcome)

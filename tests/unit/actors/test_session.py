@@ -785,8 +785,9 @@ def test_cancelling_the_future_mid_stream_interrupts_the_turn_once(
 def test_cancelling_the_future_during_a_tool_ends_at_the_next_step(
     topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
-    """A cancel while a tool runs takes effect when the tool's outcome is in: no resume decision, no
-    response; the interrupted turn's receipt is recorded once."""
+    """A cancel while a tool runs takes effect when the tool's outcome is in: the host's resume decision
+    comes with that outcome (one ``HostRunTool`` request, RS-13), but no response reaches the provider; the
+    interrupted turn's receipt is recorded once."""
     provider.add([tool("c1"), {"text": "never"}])
     outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
     host.tool = lambda call: outcome
@@ -799,7 +800,40 @@ def test_cancelling_the_future_during_a_tool_ends_at_the_next_step(
     (receipt,) = host.events(SessionEvent.ProviderReceipt)
     assert receipt.receipt.status == "interrupted"
     barrier(topology)
-    assert "resume" not in host.names() and host.names()[-1] == "ProviderReceipt"
+    assert host.names()[-3:] == ["execute_tool", "resume", "ProviderReceipt"]
+    # No tool result reached the provider: its one turn holds no second submission.
+    assert len(provider.turns) == 1 and len(host.events(SessionEvent.ProviderInput)) == 1
+
+
+class CountingHostActor(HostActor):
+    """``HostActor`` noting the class of every request it serves: the bus calls a run makes to its host."""
+
+    def __init__(self, *args: Any, served: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.served = served
+
+    def handle(self, message: Any, ctx: Any) -> Any:
+        self.served.append(type(message).__name__)
+        return super().handle(message, ctx)
+
+
+def test_rs11_rs13_each_tool_call_is_one_request_to_the_host(topology: Topology, provider: Any) -> None:
+    """RS-11, RS-13 on the bus: each tool call costs one host request (``HostRunTool``: execute_tool, then
+    prepare_provider_resume on its outcome, in that order), not one per host method."""
+    served: list[str] = []
+    app = RecordingHost(topology.provider)
+    topology.node.spawn(CountingHostActor, "host", host=app, served=served)
+    provider.add([tool("c1"), tool("c2"), {"text": "done"}])
+    assert run(topology) == "final"
+    barrier(topology)
+    assert [name for name in served if name != "HostRecord"] == [
+        "HostPrepareRound",
+        "HostRunTool",
+        "HostRunTool",
+        "HostCompleteRound",
+    ]
+    calls = [name for name in app.names() if name in ("execute_tool", "resume")]
+    assert calls == ["execute_tool", "resume", "execute_tool", "resume"]
 
 
 def barrier(topology: Topology) -> None:
@@ -882,7 +916,7 @@ def test_host_actor_idempotent_execute_tool(node: Node) -> None:
     node.spawn(HostActor, "host", host=app)
     key = idempotency_key(OP, 1, "c1")
     message = HostExecuteTool(
-        call_id="c1", call=ToolCall(name="t", arguments={}), provider_operation_id=OP, idempotency_key=key
+        call_id="c1", call=ToolCall(name="t", arguments={}), operation_id=OP, idempotency_key=key
     )
     first = node.request("n1/host", message, timeout=WAIT)
     second = node.request("n1/host", message, timeout=WAIT)
@@ -891,7 +925,7 @@ def test_host_actor_idempotent_execute_tool(node: Node) -> None:
     other = HostExecuteTool(
         call_id="c2",
         call=ToolCall(name="t", arguments={}),
-        provider_operation_id=OP,
+        operation_id=OP,
         idempotency_key=idempotency_key(OP, 1, "c2"),
     )
     assert node.request("n1/host", other, timeout=WAIT) == SessionToolOutcome.success("ran 2")
@@ -939,7 +973,7 @@ def test_host_actor_future_keeps_record_flowing(node: Node) -> None:
     message = HostExecuteTool(
         call_id="c1",
         call=ToolCall(name="t", arguments={}),
-        provider_operation_id=OP,
+        operation_id=OP,
         idempotency_key=idempotency_key(OP, 1, "c1"),
     )
     tool_future = node.request_future("n1/host", message, timeout=WAIT)
