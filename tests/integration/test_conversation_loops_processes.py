@@ -5,8 +5,10 @@ close. Every process is ended by its PID (the spawn_peer finaliser)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -253,8 +255,17 @@ def test_jobs_on_a_runner_in_another_process_two_completions_two_turns_and_no_ch
         rt.stop()
 
 
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def test_a_job_whose_runner_process_is_killed_is_reported_once_as_lost(
-    ipc_dir: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node], tmp_path: Path
+    ipc_dir: Path,
+    spawn_peer: Callable[..., PeerProcess],
+    make_node: Callable[..., Node],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     """SIGKILL of the runner process while a job runs; a conversation resumed from its journal, with a new
     runner started in its place, delivers the job once as lost (outcome unknown)."""
@@ -272,6 +283,10 @@ def test_a_job_whose_runner_process_is_killed_is_reported_once_as_lost(
     )
     rt.run("start")
     job = sink.next(JobStarted)
+    pgid = manager.status(job.job_id).pgid
+    assert pgid > 0
+    # The SIGKILLed runner cannot end its job's process group: this test does, by that group's id.
+    request.addfinalizer(lambda: kill_group(pgid))
     runner.kill()
     rt.stop()
     runner_peer(spawn_peer, ipc_dir, "runner")  # a new runner process: it knows no job
