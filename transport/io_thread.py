@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -185,6 +186,10 @@ class IoThread(threading.Thread):
         node = self.node
         wake = self._wake_r
         while True:
+            # Until the poll below is armed, any timer added (Node.call_at, from another thread) must wake
+            # it: with the last poll's end here, one added between run_due and the new poll_until saw an
+            # old time, skipped the wake, and ran up to a second late. The pipe keeps the wake for the poll.
+            self.poll_until = math.inf
             wait = node.pending.expire_due()
             timer = node.timers.run_due()
             if timer is not None and (wait is None or timer < wait):
