@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import actors.codex.lifecycle as life
 from actors.base import DEFER, BusActor, Context
-from actors.codex import lifecycle as life
 from actors.codex.child import Child, LaunchOptions
 from actors.codex.lifecycle import Broken, Closed, Closing, Exited, Ready, Spawning
 from actors.codex.messages import (
