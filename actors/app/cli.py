@@ -1,4 +1,4 @@
-"""The ``kbus`` command: run a node, ping one, make keys, read capture logs; run and chat (agent_cli.py)."""
+"""The ``kbus`` command: run a node, ping one, make keys, read capture logs; run and chat (chat.py)."""
 
 from __future__ import annotations
 
