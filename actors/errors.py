@@ -30,6 +30,7 @@ unknown, expired, refused as malformed. The classes here say why an actor's work
        │  ├─ EmptyCaptureError            ...and a capture was designated (SA-22)
        │  └─ TurnFailed                   a conversation turn's kernel run raised (CV-10)
        ├─ Busy                            one at a time, and one is running (single active turn)
+       │  └─ TurnBusy                     a Router turn already has a reader
        ├─ Exhausted                       a budget it was given is used up
        │  └─ SessionRoundLimitError       the cumulative round limit (RS-05)
        ├─ Invalid                         asked for something that cannot be done as asked: nothing ran
@@ -50,8 +51,8 @@ A class with a cause may also belong to a family (``TurnCancelled`` is a ``Route
 the family says which room raised it and what it carries, the cause why. ``TurnNotStarted`` is a transport
 ``NotDelivered`` (nothing ran, safe to retry) and a ``RouterError``. Each class keeps its own wire name
 (``WIRE``): the cause is Python's to test with ``isinstance``, and the far side rebuilds the same class.
-Two ``busy`` outcomes are still spelled as a ``kind``: codex's ``AdapterError(BUSY)`` and the Router's
-second reader of one turn.
+One ``busy`` outcome is still spelled as a ``kind``: codex's ``AdapterError(BUSY)`` (a ``Broken``; a
+``Busy`` subclass of it would be both).
 
 Errors that never cross the bus are plain Python exceptions where they are raised: ``ToolRegistryError``,
 ``TodoError`` and ``ToolRefused`` (``ValueError``: a bad argument), ``CheckpointError``, ``LaunchRejected``,

@@ -1,5 +1,5 @@
 """People in the loop at the terminal (issue 13): what ``kbus chat`` and ``kbus run`` add for plans,
-permission asks and todos (chat.py calls these; they live apart so the two files merge easily).
+permission asks and todos (agent.py and chat.py call these; they live apart so the two files merge easily).
 
 - Every conversation gets ``todo_write``, ``exit_plan_mode`` and ``request_plan_mode``; a todo update prints
   as a checklist.

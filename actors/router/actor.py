@@ -78,6 +78,7 @@ from actors.router.messages import (
     StreamTurnEvents,
     SubmitInput,
     TokenCount,
+    TurnBusy,
     TurnCancelled,
     TurnClosed,
     TurnCompleted,
@@ -765,6 +766,8 @@ class RouterActor(BusActor):
             turn.delivered = True
 
     def _next(self, turn: Turn, ctx: Context) -> Any:
+        if turn.stream is not None:  # the stream takes every event: this read would wait for none
+            raise TurnBusy(f"operation {turn.operation_id} already has a reader")
         if turn.events:
             event = turn.events.popleft()
             self._handed(turn, event)
@@ -782,7 +785,7 @@ class RouterActor(BusActor):
 
     def _stream(self, turn: Turn, ctx: Context) -> Any:
         if turn.stream is not None or turn.waiting:
-            raise RouterError(f"operation {turn.operation_id} already has a reader", kind="busy")
+            raise TurnBusy(f"operation {turn.operation_id} already has a reader")
         if turn.done and not turn.events and turn.failure is None:
             raise TurnTerminated(f"operation {turn.operation_id} has ended", receipt=turn.receipt)
         turn.stream = ctx

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import ClassVar
 
-from actors.errors import Broken, Cancelled, Closed, Invalid, TimedOut
+from actors.errors import Broken, Busy, Cancelled, Closed, Invalid, TimedOut
 from actors.types import (
     AgentContinuation,
     ModelContext,
@@ -274,6 +274,12 @@ class TurnInterrupted(TurnTerminated):
     WIRE = "router.turn_interrupted"
 
 
+class TurnBusy(RouterError, Busy):
+    """The turn already has a reader (a stream, or a waiting ``NextTurnEvent``): one reader at a time."""
+
+    WIRE = "router.turn_busy"
+
+
 class TurnNotStarted(RouterError, NotDelivered):
     """``StartTurn`` was refused before any provider was called: no operation, no receipt, nothing ran.
 
@@ -334,6 +340,7 @@ ROUTER_MESSAGES = (
 ROUTER_ERRORS: tuple[type[BusError], ...] = (
     RouterError,
     TurnNotFound,
+    TurnBusy,
     TurnTerminated,
     TurnInterrupted,
     TurnNotStarted,

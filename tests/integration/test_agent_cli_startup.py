@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from peers.cli_kit import Start, finish
 
-from actors.app.chat import CONNECT_WAIT
+from actors.app.agent import CONNECT_WAIT
 from actors.router.receipts import ReceiptLedger
 
 pytestmark = pytest.mark.integration

@@ -12,22 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from actors.app.agent import Agent, load_tool, system_prompt
 from actors.app.builtin_tools import builtin_tools
-from actors.app.chat import (
-    DEMO_PROMPT,
-    Agent,
+from actors.app.chat import DEMO_PROMPT, options_after_command
+from actors.app.cli import parser
+from actors.app.options import (
     CliError,
-    _in_process_settings,
     check_credentials,
     check_session_file,
     find_config,
+    in_process_settings,
     load_catalog,
-    load_tool,
-    options_after_command,
-    system_prompt,
-    use_colour,
 )
-from actors.app.cli import parser
+from actors.app.output import use_colour
 from actors.conversation import FinishReason, ToolRegistry
 from actors.router.catalog import ModelCatalog
 
@@ -85,7 +82,7 @@ def _args(**given: object) -> argparse.Namespace:
 
 
 def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: Path) -> None:
-    settings = _in_process_settings(_args(data_dir=str(tmp_path)))
+    settings = in_process_settings(_args(data_dir=str(tmp_path)))
     assert [(a.name, a.type) for a in settings.actors] == [("router", "router")]
     assert settings.node.data_dir == tmp_path
     assert settings.node.bind == ()  # in-process: nothing listens
@@ -94,7 +91,7 @@ def test_in_process_settings_add_a_router_and_keep_the_config_catalog(tmp_path: 
 
     config = tmp_path / "mine.toml"
     config.write_text('[node]\nname = "mine"\n[providers.scripted]\nkind = "scripted"\n')
-    settings = _in_process_settings(_args(config=str(config), data_dir=str(tmp_path)))
+    settings = in_process_settings(_args(config=str(config), data_dir=str(tmp_path)))
     assert settings.node.name == "mine"
     assert settings.extra["providers"] == {"scripted": {"kind": "scripted"}}
     assert [a.type for a in settings.actors] == ["router"]
@@ -120,7 +117,7 @@ def test_a_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) 
     config = tmp_path / "bad.toml"
     config.write_text(text)
     with pytest.raises(CliError) as caught:
-        _in_process_settings(_args(config=str(config)))
+        in_process_settings(_args(config=str(config)))
     assert str(caught.value).startswith(f"{config}: ") and message in str(caught.value)
     assert "\n" not in str(caught.value) and caught.value.code == 2
 

@@ -11,13 +11,16 @@ from typing import Any
 import pytest
 
 from actors.app.wiring import registry
+from actors.errors import Busy
 from actors.router.actor import MAX_TURN_TIMEOUT_S, RouterActor
 from actors.router.catalog import UnknownModel
 from actors.router.client import RouterClient
 from actors.router.messages import (
     InvalidCallId,
     ProviderUnavailable,
+    RouterError,
     StartTurn,
+    TurnBusy,
     TurnCancelled,
     TurnClosed,
     TurnCompleted,
@@ -256,6 +259,25 @@ def test_events_stream_in_one_request(router: RouterClient, provider: ScriptedPr
     op = start(router)
     events = list(router.events(op))
     assert [type(e) for e in events] == [TurnInput, *[TurnTextDelta] * 6, TurnCompleted]
+
+
+def test_a_second_reader_of_one_turn_is_refused_as_busy(
+    router: RouterClient, provider: ScriptedProvider
+) -> None:
+    """One reader per turn: while a stream holds the turn, another read is ``TurnBusy`` (a ``Busy`` and a
+    ``RouterError``), and the first reader's stream goes on to the end."""
+    provider.add([{"call": {"name": "t", "arguments": {}}, "id": "c1"}, {"text": "done"}])
+    op = start(router)
+    first = router.events(op)
+    assert isinstance(next(first), TurnInput)
+    assert isinstance(next(first), TurnToolCall)  # the stream stays open: the provider waits for the result
+    with pytest.raises(TurnBusy) as refused:
+        router.next_event(op)  # it once waited for an event the stream would take
+    assert isinstance(refused.value, Busy) and isinstance(refused.value, RouterError)
+    with pytest.raises(TurnBusy):
+        next(router.events(op))
+    router.respond(op, "c1", ToolResult(success=True, output="ok"))
+    assert [type(e) for e in first][-1] is TurnCompleted
 
 
 def test_a_restarted_router_still_has_the_receipt(

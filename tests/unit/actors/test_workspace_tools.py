@@ -213,7 +213,7 @@ def test_the_cli_hides_every_api_key_env_its_catalog_names(tmp_path: Path) -> No
     """``kbus run/chat --edit``: run_command's environment lacks each variable a catalog provider names."""
     import argparse
 
-    from actors.app.chat import credential_names
+    from actors.app.options import credential_names
 
     config = tmp_path / "c.toml"
     config.write_text(
