@@ -111,18 +111,9 @@ def _lingering_threads(wait: float) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------- ping
-def _key_arg(text: str | None) -> str | None:
-    if text is None:
-        return None
-    if os.path.exists(text):
-        from transport.security import load_public_key
-
-        return load_public_key(text)
-    return text
-
-
 def _ping_setup(args: argparse.Namespace) -> tuple[Any, str | None]:
     """The ping client's security and the server key, checked; ``ValueError`` says what is wrong."""
+    from actors.app.options import server_key as read_server_key
     from transport import KeyPair, Security, SecurityError
     from transport.envelope import is_node_name
 
@@ -135,7 +126,7 @@ def _ping_setup(args: argparse.Namespace) -> tuple[Any, str | None]:
         raise ValueError("--count must be at least 1 and --timeout more than 0")
     try:
         keys = KeyPair.load(args.key) if args.key else None
-        server_key = _key_arg(args.server_key)
+        server_key = read_server_key(args.server_key)
     except (SecurityError, OSError, ValueError) as exc:
         raise ValueError(str(exc)) from exc
     security = Security(keys=keys, plain_insecure_for_benchmarks=args.plain)

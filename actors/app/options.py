@@ -191,6 +191,7 @@ def check_session_file(path: str) -> None:
 
 
 def server_key(text: str | None) -> str | None:
+    """A ``--server-key`` argument: the key itself, or read from the file it names."""
     if text is None:
         return None
     if os.path.exists(text):

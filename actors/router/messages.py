@@ -275,7 +275,8 @@ class TurnInterrupted(TurnTerminated):
 
 
 class TurnBusy(RouterError, Busy):
-    """The turn already has a reader (a stream, or a waiting ``NextTurnEvent``): one reader at a time."""
+    """A read the turn cannot serve beside its current reader: a stream while another read waits, or any
+    read while a stream holds the turn (the stream takes every event)."""
 
     WIRE = "router.turn_busy"
 
