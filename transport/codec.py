@@ -263,15 +263,20 @@ Converter = Callable[[Any, int], Any]
 _SCALARS: frozenset[type[Any]] = frozenset((int, float, bool, type(None), uuid.UUID))
 
 
-def _share_budget(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> int:
+def _share_budget(
+    value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int, json: bool = False
+) -> int:
     """``Registry.shareable``'s walk: what is left of ``budget`` (bytes the body could take at most) after
-    ``value``, or -1 when a mutable container is inside it or the bound is passed."""
+    ``value``, or -1 when a mutable container is inside it or the bound is passed. With ``json``
+    (``Registry.local_copy``), JSON lists and string-keyed dicts are walked instead of refused."""
     cls = type(value)
     budget -= 16  # a bound on msgpack's own bytes for one value (and its map key)
     if cls is str:
         return budget - 4 * len(value)  # UTF-8: at most 4 bytes a character
     if cls is bytes:
         return budget - len(value)
+    if cls is int:  # msgpack carries 64 bits: a bigger one is encoded, and fails as it would remotely
+        return budget if -(1 << 63) <= value < (1 << 64) else -1
     if cls in _SCALARS or isinstance(value, enum.Enum):
         return budget
     if depth > 32 or budget < 0:
@@ -279,17 +284,45 @@ def _share_budget(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: 
     names = fields.get(cls)
     if names is not None:
         for name in names:
-            budget = _share_budget(getattr(value, name), fields, budget - 4 * len(name), depth + 1)
+            budget = _share_budget(getattr(value, name), fields, budget - 4 * len(name), depth + 1, json)
             if budget < 0:
                 return -1
         return budget
-    if cls is tuple or cls is frozenset:
+    if cls is tuple or cls is frozenset or (json and cls is list):
         for item in value:
-            budget = _share_budget(item, fields, budget, depth + 1)
+            budget = _share_budget(item, fields, budget, depth + 1, json)
+            if budget < 0:
+                return -1
+        return budget
+    if json and cls is dict:
+        for key, item in value.items():
+            if type(key) is not str:  # the wire's maps have string keys: it is encoded, and fails there
+                return -1
+            budget = _share_budget(item, fields, budget - 16 - 4 * len(key), depth + 1, json)
             if budget < 0:
                 return -1
         return budget
     return -1
+
+
+def _thawed(value: Any, fields: dict[type[Any], tuple[str, ...]]) -> Any:
+    """``value`` with every JSON list and dict in it copied (``Registry.local_copy``): the immutable rest is
+    shared, and a message holding a copy is built anew through its class, as decoding builds it."""
+    cls = type(value)
+    if cls is dict:
+        return {key: _thawed(item, fields) for key, item in value.items()}
+    if cls is list:
+        return [_thawed(item, fields) for item in value]
+    if cls is tuple:
+        items = tuple(_thawed(item, fields) for item in value)
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    names = fields.get(cls)
+    if names is None:
+        return value  # a scalar, bytes, an enum, a UUID or a frozenset: immutable (the walk checked)
+    kwargs = {name: _thawed(getattr(value, name), fields) for name in names}
+    if all(kwargs[name] is getattr(value, name) for name in names):
+        return value
+    return cls(**kwargs)
 
 
 class Registry:
@@ -412,6 +445,23 @@ class Registry:
         message that might encode past ``max_body_bytes``: it is encoded, so it fails as it would remotely."""
         fields = self._fields
         return type(message) in fields and _share_budget(message, fields, self.max_body_bytes, 0) >= 0
+
+    def local_copy(self, message: Any) -> Any:
+        """What a receiver in this process may be handed instead of ``message``'s body frame, or None when
+        it must be encoded: ``message`` itself when it is ``shareable``; when its only mutable parts are
+        JSON values (lists, string-keyed dicts: a tool call's arguments), a copy sharing everything else,
+        so neither side sees the other's changes, as if it had travelled; None past ``max_body_bytes`` or
+        for any other mutable value, so it fails as it would remotely. Cheaper than an encode and a decode:
+        nothing is packed, and only the JSON containers are built again."""
+        fields = self._fields
+        if type(message) not in fields:
+            return None
+        limit = self.max_body_bytes
+        if _share_budget(message, fields, limit, 0) >= 0:
+            return message
+        if _share_budget(message, fields, limit, 0, True) < 0:
+            return None
+        return _thawed(message, fields)
 
     # -- decoding
     def decode(self, kind: str, frame: bytes) -> Any:

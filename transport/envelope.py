@@ -136,8 +136,9 @@ class Inbound(NamedTuple):
     """What lands in an actor's mailbox: the decoded header, the still-encoded body, the way back.
 
     From a sender in the same process (and no capture), ``message`` is the sent message itself and ``body``
-    is empty: the message was ``Registry.shareable`` (immutable all the way down), so handing it over is as
-    isolated as a copy, without the encode and the decode.
+    is empty: the message was ``Registry.shareable`` (immutable all the way down) or is the sender's copy of
+    it (``Registry.local_copy``: its JSON values copied), so handing it over is as isolated as an encoded
+    body, without the encode and the decode.
 
     A NamedTuple, like ``Header``: one is built per message received, a burst of them per batch frame."""
 

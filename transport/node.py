@@ -12,8 +12,10 @@ Threads and sockets:
   ``tell_linger`` later, sends what a channel holds: order per (src, dst) is the order of the calls.
 - Messages between actors of the same node never touch a socket. A message that is immutable all the way
   down (``Registry.shareable``) is handed over as it is, without an encode and a decode: sharing it is as
-  isolated as a copy. Any other message, and every message while the node captures, still goes as its
-  encoded body, so capture sees the same bytes a socket would carry.
+  isolated as a copy. One whose only mutable parts are JSON values (a tool call's arguments) is handed
+  over as a copy of those values, taken at the send (``Registry.local_copy``). Any other message, and
+  every message while the node captures, still goes as its encoded body, so capture sees the same bytes
+  a socket would carry.
 
 Delivery is at-most-once. Every request ends in exactly one terminal outcome: a reply, an application
 error, ``NotDelivered`` (nothing ran), ``Unavailable`` (outcome unknown) or ``Expired``.
@@ -989,16 +991,15 @@ class Node:
         return value
 
     def local_message(self, dst: str, message: Any) -> Any:
-        """``message`` itself when a send to ``dst`` may hand it over unencoded (``send(..., message=)``):
-        ``dst`` is on this node, the node does not capture, and ``message`` is ``Registry.shareable``.
-        Otherwise None: the caller encodes the body."""
+        """What a send to ``dst`` may hand over unencoded (``send(..., message=)``) when ``dst`` is on this
+        node and the node does not capture: ``Registry.local_copy`` of ``message`` (itself, or a copy of its
+        JSON values). Otherwise None: the caller encodes the body."""
         if (
             self.capture is None
             and node_of(dst) == self.name
             and type(message) is not ErrorReply  # rebuilt into its error on arrival: always encoded
-            and self.registry.shareable(message)
         ):
-            return message
+            return self.registry.local_copy(message)
         return None
 
     def encode_for(self, dst: str, message: Any) -> tuple[bytes, Any]:

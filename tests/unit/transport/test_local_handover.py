@@ -1,9 +1,11 @@
 """In-process deliveries without a codec round trip (transport/node.py ``local_message``).
 
-A message that is immutable all the way down goes to an actor of the same node as the object itself; one that
-holds a dict or a list, one that might encode past the body bound, and every message while the node captures,
-go as their encoded body. Isolation is what both ways must keep: what arrived never changes under the
-receiver, whatever the sender does afterwards.
+A message that is immutable all the way down goes to an actor of the same node as the object itself; one
+whose only mutable parts are JSON values (lists, string-keyed dicts) goes as a copy of those values taken at
+the send (``Registry.local_copy``), everything else in it shared; one that might encode past the body bound,
+one holding anything else mutable, and every message while the node captures, go as their encoded body.
+Isolation is what every way must keep: what arrived never changes under the receiver, whatever the sender
+does afterwards, and the other way round.
 """
 
 from __future__ import annotations
@@ -54,15 +56,61 @@ def test_mb05_immutable_messages_arrive_as_sent_unencoded_and_in_order(node: Nod
     assert all(a is b for a, b in zip(got, sent, strict=True))  # no encode, no decode
 
 
-def test_a_message_holding_a_dict_is_encoded_so_the_sender_cannot_change_what_arrived(node: Node) -> None:
+def test_a_message_holding_a_dict_is_copied_so_the_sender_cannot_change_what_arrived(node: Node) -> None:
     out: queue.SimpleQueue[Any] = queue.SimpleQueue()
     node.spawn(Keep, "keep", out)
     data: dict[str, Any] = {"k": [1, 2]}
-    node.tell("n1/keep", Echo(data=data))
+    payload = b"p" * 100
+    node.tell("n1/keep", Echo(data=data, payload=payload))
     data["k"].append(3)
     got = out.get(timeout=WAIT)
     assert got.data == {"k": [1, 2]}
-    assert got.data is not data
+    assert got.data is not data and got.data["k"] is not data["k"]
+    assert got.payload is payload  # the immutable rest is shared: a copy, not an encode and a decode
+
+
+def test_what_the_receiver_does_to_a_copied_value_never_reaches_the_sender(node: Node) -> None:
+    out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    node.spawn(Keep, "keep", out)
+    sent = Echo(data={"k": [1, {"deep": "x"}]})
+    node.tell("n1/keep", sent)
+    got = out.get(timeout=WAIT)
+    got.data["k"][1]["deep"] = "changed"
+    got.data["new"] = 1
+    assert sent.data == {"k": [1, {"deep": "x"}]}
+
+
+def test_local_copy_shares_immutable_parts_and_copies_only_json_values() -> None:
+    """One walk over a nested message: a batch of router events, one holding a tool call's arguments."""
+    from actors.app.wiring import registry
+    from actors.router.messages import TurnEventBatch, TurnToolCall, TurnUsage
+    from actors.types import TokenUsage
+
+    reg = registry()
+    usage = TurnUsage(usage=TokenUsage(input_tokens=3))
+    call = TurnToolCall(call_id="c1", name="get_weather", arguments={"city": "Paris", "days": [1, 2]})
+    batch = TurnEventBatch(events=(usage, call))
+    copy = reg.local_copy(batch)
+    assert copy == batch and copy is not batch
+    assert copy.events[0] is usage  # nothing mutable in it: shared
+    assert copy.events[1] is not call and copy.events[1].arguments is not call.arguments
+    assert copy.events[1].arguments["days"] is not call.arguments["days"]
+    assert reg.local_copy(usage) is usage  # immutable all the way down: the object itself
+
+
+def test_a_value_the_wire_cannot_carry_is_not_copied_but_encoded() -> None:
+    """No copy where the codec would refuse or change the message: it is encoded and fails (or changes)
+    as it would between processes."""
+    from transport.codec import Registry
+    from transport.messages import SYSTEM_MESSAGES
+
+    reg = Registry(SYSTEM_MESSAGES, max_body_bytes=1000)
+    assert reg.local_copy(Echo(data={1: "an integer key"})) is None
+    assert reg.local_copy(Echo(data={"s": {1, 2}})) is None  # a set: the wire makes it a list
+    assert reg.local_copy(Echo(data={"n": 1 << 64})) is None  # past msgpack's 64 bits
+    assert reg.local_copy(Echo(seq=1 << 64)) is None
+    assert reg.local_copy(Echo(data={"big": "x" * 300})) is None  # may pass the body bound
+    assert reg.local_copy(Echo(data={"small": "x" * 100})) is not None
 
 
 def test_a_reply_holding_a_list_is_a_copy_and_an_immutable_reply_is_the_object(node: Node) -> None:
