@@ -674,7 +674,10 @@ def test_ev09_a_fault_at_every_step_records_each_receipt_once_and_returns_the_fa
             script: list[Step] = [TurnUsage(usage=TokenUsage(input_tokens=n + 1))]
             script += [ktool(f"c{k}") for k in range(len(resumes))]
             turns.append([*script, completed(f"answer {n}")])
-        plan = FakeSessionRouter(turns=turns * 3)  # RestartFresh may start more turns than rounds
+        # Every RestartFresh starts one more turn, and the controls may run rounds up to the limit (4): with
+        # too few, a run waits for a turn the fake never starts (a scenario's flaw, not the loop's).
+        restarts = sum(resumes.count("restart") for resumes, _ in rounds)
+        plan = FakeSessionRouter(turns=turns * (restarts + 4))
         host = FaultyHost(faults)
         resumes = iter([r for rs, _ in rounds for r in rs] + ["continue"] * 20)
         controls = iter([c for _, c in rounds] + ["complete"] * 20)
