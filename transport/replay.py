@@ -74,6 +74,8 @@ def recorded_clock(
 ) -> float:
     """A reading of ``source`` (the wall clock, or e.g. ``time.monotonic`` under its own ``key``) as
     ``actor`` sees it: recorded when capturing, served from the log on a replay."""
+    if node.capture is None and type(node).effect is Node.effect:
+        return float(source())  # nothing records it, nothing serves it (the Router reads it often a turn)
     value = node.effect(actor, key, lambda: _DOUBLE.pack(source()))
     return float(_DOUBLE.unpack(value)[0])
 

@@ -485,7 +485,8 @@ class InferenceHandleActor(BusActor):
         while isinstance(self._state, Active):
             state = self._state
             readers = tuple(ctx for ctx in state.readers if self._alive(ctx))
-            self._state = state = replace(state, readers=readers)
+            if len(readers) != len(state.readers):
+                self._state = state = replace(state, readers=readers)
             if not readers:
                 return
             if state.buffered:

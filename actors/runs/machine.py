@@ -192,11 +192,12 @@ class Run(Generic[F]):
     op: uuid.UUID | None = None
     progressed: bool = False
 
+    # Built positionally: these run several times a round, and ``dataclasses.replace`` walks the fields.
     def closed(self) -> Run[F]:
-        return replace(self, handle=False, op=None)
+        return Run(self.facts, False, None, self.progressed)
 
     def with_facts(self, facts: F) -> Run[F]:
-        return replace(self, facts=facts)
+        return self if facts is self.facts else Run(facts, self.handle, self.op, self.progressed)
 
 
 @dataclass(frozen=True, slots=True)

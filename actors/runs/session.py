@@ -608,14 +608,15 @@ class SessionFlavor:
                 value=ProviderResume.Continue(outcome=o)
             ):  # RS-14
                 facts = run.facts
-                run = run.with_facts(
-                    replace(
-                        facts,
-                        capture=facts.capture if o.capture is None else o.capture,  # RS-21: the last wins
-                        finish_requested=facts.finish_requested or o.finish_after_round,  # RS-22
-                        emitted_response=facts.emitted_response or o.emitted_response,
+                if o.capture is not None or o.finish_after_round or o.emitted_response:
+                    run = run.with_facts(
+                        replace(
+                            facts,
+                            capture=facts.capture if o.capture is None else o.capture,  # RS-21: the last wins
+                            finish_requested=facts.finish_requested or o.finish_after_round,  # RS-22
+                            emitted_response=facts.emitted_response or o.emitted_response,
+                        )
                     )
-                )
                 respond = Respond(call_id=call_id, result=ToolResult(success=o.ok, output=o.text))
                 return Step(Responding(run, o.stop), (Ask(Target.HANDLE, respond),))
             case Resuming(run=run), Answered(value=ProviderResume.Complete(answer=answer)):  # RS-15, 18, 25
