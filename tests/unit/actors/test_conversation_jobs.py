@@ -56,7 +56,11 @@ def finished(env: Env, n: int) -> list[JobFinished]:
     return env.sink.of(JobFinished)
 
 
-def started_ids(env: Env) -> dict[str, str]:
+def started_ids(env: Env, *commands: str) -> dict[str, str]:
+    """The job ids of the ``JobStarted`` events, once one has arrived for each of ``commands``: the sink is
+    an actor, so an event may reach it after the answer of the run that emitted it."""
+    for command in commands:
+        env.sink.wait_for(lambda e, c=command: isinstance(e, JobStarted) and e.command == c)
     return {e.command: e.job_id for e in env.sink.of(JobStarted)}
 
 
@@ -75,7 +79,7 @@ def test_bg02_a_completed_jobs_output_is_the_next_turns_goal(env: Env, tmp_path:
     env.gates.open("G")
     outcomes = future.result(WAIT)
     assert len(outcomes) == 2
-    job_id = started_ids(env)["echo 42"]
+    job_id = started_ids(env, "echo 42")["echo 42"]
     assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42\n"
 
 
@@ -97,7 +101,7 @@ def test_bg06_two_completions_during_one_turn_make_two_turns_in_completion_order
     env.gates.open("G")
     outcomes = future.result(WAIT)
     assert len(outcomes) == 3
-    ids = started_ids(env)
+    ids = started_ids(env, "echo fast", slow)
     assert [first.job_id, second.job_id] == [ids["echo fast"], ids[slow]]
     assert users(rt)[1].startswith(f"[Background job {ids['echo fast']} completed (exit 0)]\nfast")
     assert users(rt)[2].startswith(f"[Background job {ids[slow]} completed (exit 0)]\nslow")
@@ -214,7 +218,7 @@ def test_job_status_and_stop_job_tools(env: Env, tmp_path: Path) -> None:
     rt, _, _, _ = setup(env, tmp_path)
     env.script(start("echo hi; sleep 30", "j1"), text("t"))
     rt.run("start it")
-    job_id = started_ids(env)["echo hi; sleep 30"]
+    job_id = started_ids(env, "echo hi; sleep 30")["echo hi; sleep 30"]
     env.script(
         call("job_status", "s1", job_id=job_id),
         call("stop_job", "s2", job_id=job_id),
@@ -222,6 +226,7 @@ def test_job_status_and_stop_job_tools(env: Env, tmp_path: Path) -> None:
         text("t"),
     )
     rt.run("check it")
+    env.sink.wait_for(lambda e: isinstance(e, TurnFinished) and e.turn_index == 1)  # its tools' events first
     results = [e for e in env.sink.of(ToolCallFinished) if e.name in ("job_status", "stop_job")]
     assert results[0].ok and results[0].text.startswith(f"job {job_id}: running")
     assert results[1].ok
@@ -238,7 +243,7 @@ def test_close_ends_the_jobs_whole_process_group(env: Env, tmp_path: Path) -> No
     command = "sleep 300 & echo $! > child.fifo; wait"
     env.script(start(command, "j1"), text("t"))
     rt.run("start it")
-    job_id = started_ids(env)[command]
+    job_id = started_ids(env, command)[command]
     pgid = manager.status(job_id).pgid
     assert pgid > 0
     child = read_pid(reader)
@@ -365,7 +370,7 @@ def test_a_registered_python_callable_runs_as_a_job(env: Env, tmp_path: Path) ->
     finished(env, 1)
     env.gates.open("G")
     assert len(future.result(WAIT)) == 2
-    job_id = started_ids(env)["callable:answer"]
+    job_id = started_ids(env, "callable:answer")["callable:answer"]
     assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\n42"
     refused = next(e for e in env.sink.of(ToolCallFinished) if e.call_id == "j2")
     assert not refused.ok and "no job callable 'nope'" in refused.text and "answer" in refused.text
@@ -594,7 +599,8 @@ def test_bg06_a_completion_that_overtakes_its_start_is_delivered_once_after_job_
     env.script(text("the job said fast"))
     outcomes = rt.run_event_loop_future("go", slot, manager).result(WAIT)
     assert [o.final_text for o in outcomes] == ["started", "the job said fast"]
+    finished(env, 1)  # the sink's events may land after the answers
     kinds = [type(e).__name__ for e in env.sink.of(JobStarted, JobFinished)]
     assert kinds == ["JobStarted", "JobFinished"]
-    job_id = started_ids(env)["echo fast"]
+    job_id = started_ids(env, "echo fast")["echo fast"]
     assert users(rt)[1] == f"[Background job {job_id} completed (exit 0)]\nfast\n"
