@@ -445,8 +445,8 @@ class NodeSettings:
     heartbeat_timeout_ms: Annotated[int, NON_NEGATIVE] = 5000
     sndhwm: Annotated[int, NON_NEGATIVE] = 1000
     rcvhwm: Annotated[int, NON_NEGATIVE] = 1000
-    # Hosting actors (threads) the node's conversations are placed on, and their tool hosts on; 0 = a thread
-    # for each conversation (and each tool host), as before pools.
+    # Hosting actors (threads) the node's conversations (and its bare session and subagent runs) are placed
+    # on, and the conversations' tool hosts on; 0 = a thread for each, as before pools.
     hosts: Annotated[int, HOST_COUNT] = 4
     tool_hosts: Annotated[int, HOST_COUNT] = 4
 

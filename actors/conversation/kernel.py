@@ -45,6 +45,7 @@ from actors.conversation.types import (
 )
 from actors.inference.handle import PreparedRound
 from actors.router.messages import TurnTextDelta
+from actors.runs.machine import RUN_HOSTS
 from actors.runs.session import (
     CALL_TIMEOUT,
     CancelSession,
@@ -82,7 +83,7 @@ HOST_TIMEOUT = 3600.0
 
 # The node's host pools (actors.base.HostPool) a conversation is placed on: the conversation actor and its
 # plan gates on one, its tool host on the other (a tool may block its thread; a conversation never does).
-CONVERSATION_HOSTS = "conversation"
+CONVERSATION_HOSTS = RUN_HOSTS  # one pool: bare session and subagent runs are placed on it too
 TOOL_HOSTS = "tool"
 SUMMARY_TOOL_DESCRIPTION = "No tools are available while summarizing: answer with the summary text only."
 

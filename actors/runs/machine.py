@@ -27,9 +27,9 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
-from actors.base import DEFER, BusActor, Context
+from actors.base import DEFER, BusActor, Context, HostPool
 from actors.inference.handle import (
     AwaitStarted,
     FinishUnavailable,
@@ -532,6 +532,16 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
 
 
 # ------------------------------------------------------------------------------------------- the actor
+
+# The node's host pool (``actors.base.HostPool``) runs are placed on: the one conversations share
+# (``[node] hosts``), since a run, like a conversation, never blocks its thread. Threads then grow with the
+# pool's size, not with the number of runs.
+RUN_HOSTS: Final = "conversation"
+
+
+def spawn_run(node: Node, actor_class: type[RoundActor], name: str) -> None:
+    """Start a run's actor at ``node/name`` on the node's run host pool (``RUN_HOSTS``)."""
+    HostPool.of(node, RUN_HOSTS).spawn(actor_class, name)
 
 
 class RoundActor(BusActor):

@@ -64,6 +64,7 @@ from actors.runs.machine import (
     fail,
     failed_with,
     read,
+    spawn_run,
     starting,
 )
 from actors.runs.projection import manifest_hash  # RS-07: the same identity as a subagent's EV-02
@@ -711,7 +712,7 @@ class SessionLoopService(BusActor):
         name = message.loop or f"session.{recorded_uuid(self.node, self.address).hex}"
         if not name.startswith("session.") or "/" in name:
             raise InvalidSessionRequest(f"a session loop's name starts with 'session.', not {name[:80]!r}")
-        self.node.spawn(SessionLoopActor, name)
+        spawn_run(self.node, SessionLoopActor, name)
         deadline = ctx.header.deadline
         timeout = None if deadline is None else max(0.001, deadline - self.node.clock())
 
@@ -752,7 +753,7 @@ def run_session_future(
         )
     else:
         where = loop_on or node
-        where.spawn(SessionLoopActor, name)
+        spawn_run(where, SessionLoopActor, name)
         loop_address = f"{where.name}/{name}"
         target, message = loop_address, RunSession(request=request, host=host_address, router=router_address)
     inner = node.request_future(target, message, timeout=timeout)

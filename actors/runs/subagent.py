@@ -59,6 +59,7 @@ from actors.runs.machine import (
     fail,
     failed_with,
     read,
+    spawn_run,
     starting,
 )
 from actors.runs.projection import (
@@ -831,7 +832,9 @@ class SubagentRunActor(RoundActor):
 
     def open_handle(self, request: SessionInferenceRequest) -> tuple[str, Any]:
         name = f"{self.name}.inference"
-        ref = self.node.spawn(
+        # Hosted on this run's thread, as a session loop's handle is: the run's requests to its handle, and
+        # the answers, change no thread, and a run costs no thread of its own for its provider turn.
+        ref = self.host_actor(
             InferenceHandleActor,
             name,
             router=self._to[Target.ROUTER],
@@ -862,7 +865,7 @@ def run_future(
     once)."""
     where = run_on or node
     name = f"subagent.{uuid.uuid4().hex}"
-    where.spawn(SubagentRunActor, name)
+    spawn_run(where, SubagentRunActor, name)
     address = f"{where.name}/{name}"
 
     def tell_cancel() -> None:

@@ -971,3 +971,51 @@ def test_rt07_tool_outcome_constructors() -> None:
     assert ToolOutcome.failure("no") == ToolOutcome(
         text="no", ok=False, state_updates=(), displayed_state_keys=(), capture=None
     )
+
+
+def test_threads_do_not_grow_with_the_subagent_runs_in_flight(
+    node: Node, provider: ScriptedProvider, runtime: InferenceRuntime, host: RecordingHost
+) -> None:
+    """Issue 15, item 5: N subagent runs held at their tool call, then 2N, are hosted on the node's run
+    pool (``RUN_HOSTS``): the thread count is the same for both, within the pool's size of what it was
+    before; released, every run answers."""
+    import concurrent.futures
+    import threading
+
+    from actors.base import HostPool
+    from actors.runs.machine import RUN_HOSTS
+
+    hosts, n = 2, 15
+    HostPool.configure(node, RUN_HOSTS, hosts)
+    held: list[concurrent.futures.Future[Any]] = []
+    lock = threading.Lock()
+    reached = threading.Semaphore(0)
+
+    def hold(call: ToolCall, budget: ContextBudget) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with lock:
+            held.append(future)
+        reached.release()
+        return future
+
+    host.outcomes["t"] = hold
+    provider.add(*([call("c1", x=1), {"text": "answer"}] for _ in range(2 * n)))
+
+    def start() -> list[concurrent.futures.Future[Any]]:
+        futures = [runtime.run_future(request(), "n1/host", timeout=WAIT) for _ in range(n)]
+        for _ in range(n):
+            assert reached.acquire(timeout=WAIT), "a run never reached its tool call"
+        return futures
+
+    before = {t.name for t in threading.enumerate()}
+    runs = start()
+    with_n = {t.name for t in threading.enumerate()}
+    runs += start()
+    with_2n = {t.name for t in threading.enumerate()}
+    with lock:
+        for future in held:
+            future.set_result(ToolOutcome.success("t ok"))
+    assert [r.result(WAIT).answer for r in runs] == ["answer"] * (2 * n)
+    assert with_2n == with_n, (before, with_n, with_2n)
+    added = with_n - before - {"kbus-router-tick"}  # the Router's ticker starts with its first turn
+    assert len(added) <= hosts and all(name.startswith("HostingActor") for name in added), added
