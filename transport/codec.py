@@ -263,12 +263,9 @@ Converter = Callable[[Any, int], Any]
 _SCALARS: frozenset[type[Any]] = frozenset((int, float, bool, type(None), uuid.UUID))
 
 
-def _share_budget(
-    value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int, json: bool = False
-) -> int:
+def _share_budget(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> int:
     """``Registry.shareable``'s walk: what is left of ``budget`` (bytes the body could take at most) after
-    ``value``, or -1 when a mutable container is inside it or the bound is passed. With ``json``
-    (``Registry.local_copy``), JSON lists and string-keyed dicts are walked instead of refused."""
+    ``value``, or -1 when a mutable container is inside it or the bound is passed."""
     cls = type(value)
     budget -= 16  # a bound on msgpack's own bytes for one value (and its map key)
     if cls is str:
@@ -284,45 +281,75 @@ def _share_budget(
     names = fields.get(cls)
     if names is not None:
         for name in names:
-            budget = _share_budget(getattr(value, name), fields, budget - 4 * len(name), depth + 1, json)
+            budget = _share_budget(getattr(value, name), fields, budget - 4 * len(name), depth + 1)
             if budget < 0:
                 return -1
         return budget
-    if cls is tuple or cls is frozenset or (json and cls is list):
+    if cls is tuple or cls is frozenset:
         for item in value:
-            budget = _share_budget(item, fields, budget, depth + 1, json)
-            if budget < 0:
-                return -1
-        return budget
-    if json and cls is dict:
-        for key, item in value.items():
-            if type(key) is not str:  # the wire's maps have string keys: it is encoded, and fails there
-                return -1
-            budget = _share_budget(item, fields, budget - 16 - 4 * len(key), depth + 1, json)
+            budget = _share_budget(item, fields, budget, depth + 1)
             if budget < 0:
                 return -1
         return budget
     return -1
 
 
-def _thawed(value: Any, fields: dict[type[Any], tuple[str, ...]]) -> Any:
-    """``value`` with every JSON list and dict in it copied (``Registry.local_copy``): the immutable rest is
-    shared, and a message holding a copy is built anew through its class, as decoding builds it."""
+def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> tuple[int, Any]:
+    """``Registry.local_copy``'s walk, the bound of ``_share_budget`` and the copy in one pass: what is left
+    of ``budget`` (-1 past it, or for a value the wire cannot carry) and ``value`` with every JSON list and
+    string-keyed dict in it copied. The immutable rest is shared; a message holding a copy is built anew
+    through its class, as decoding builds it."""
     cls = type(value)
     if cls is dict:
-        return {key: _thawed(item, fields) for key, item in value.items()}
+        budget -= 16
+        if depth > 32 or budget < 0:
+            return -1, value
+        copy: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:  # the wire's maps have string keys: it is encoded, and fails there
+                return -1, value
+            budget, copy[key] = _copied(item, fields, budget - 16 - 4 * len(key), depth + 1)
+            if budget < 0:
+                return -1, value
+        return budget, copy
     if cls is list:
-        return [_thawed(item, fields) for item in value]
+        budget -= 16
+        if depth > 32 or budget < 0:
+            return -1, value
+        items: list[Any] = []
+        for item in value:
+            budget, item = _copied(item, fields, budget, depth + 1)
+            if budget < 0:
+                return -1, value
+            items.append(item)
+        return budget, items
     if cls is tuple:
-        items = tuple(_thawed(item, fields) for item in value)
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        budget -= 16
+        if depth > 32 or budget < 0:
+            return -1, value
+        members: list[Any] = []
+        for item in value:
+            budget, new = _copied(item, fields, budget, depth + 1)
+            if budget < 0:
+                return -1, value
+            members.append(new)
+        same = all(a is b for a, b in zip(members, value, strict=True))
+        return budget, value if same else tuple(members)
     names = fields.get(cls)
     if names is None:
-        return value  # a scalar, bytes, an enum, a UUID or a frozenset: immutable (the walk checked)
-    kwargs = {name: _thawed(getattr(value, name), fields) for name in names}
-    if all(kwargs[name] is getattr(value, name) for name in names):
-        return value
-    return cls(**kwargs)
+        return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy
+    budget -= 16
+    if depth > 32 or budget < 0:
+        return -1, value
+    kwargs: dict[str, Any] = {}
+    changed = False
+    for name in names:
+        item = getattr(value, name)
+        budget, kwargs[name] = _copied(item, fields, budget - 4 * len(name), depth + 1)
+        if budget < 0:
+            return -1, value
+        changed = changed or kwargs[name] is not item
+    return budget, cls(**kwargs) if changed else value
 
 
 class Registry:
@@ -459,9 +486,8 @@ class Registry:
         limit = self.max_body_bytes
         if _share_budget(message, fields, limit, 0) >= 0:
             return message
-        if _share_budget(message, fields, limit, 0, True) < 0:
-            return None
-        return _thawed(message, fields)
+        left, copy = _copied(message, fields, limit, 0)
+        return copy if left >= 0 else None
 
     # -- decoding
     def decode(self, kind: str, frame: bytes) -> Any:
