@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pykka
-from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
 
 from transport.codec import encode_header
 from transport.envelope import Address, Header, Inbound, InboundBatch, Route, node_of
@@ -72,12 +71,22 @@ class _Expire:
     request_id: bytes
 
 
-@dataclass(frozen=True, slots=True)
 class _Hosted:
-    """A mailbox item of a hosted actor, in its host's mailbox (``BusActor.host_actor``)."""
+    """A mailbox item of a hosted actor, in its host's mailbox (``BusActor.host_actor``). It is its own
+    envelope there (pykka 4's loop, pinned in setup.cfg, reads an item's ``message`` and ``reply_to``): one
+    allocation per hosted message, not a second envelope around it."""
 
-    actor: BusActor
-    envelope: Any  # pykka's Envelope, as the hosted actor's own inbox would have held it
+    __slots__ = ("actor", "envelope")
+
+    reply_to = None  # the host's loop answers nobody for it: the hosted actor's own envelope may
+
+    def __init__(self, actor: BusActor, envelope: Any) -> None:
+        self.actor = actor
+        self.envelope = envelope  # pykka's Envelope, as the hosted actor's own inbox would have held it
+
+    @property
+    def message(self) -> _Hosted:
+        return self
 
 
 class _HostedInbox:
@@ -90,7 +99,7 @@ class _HostedInbox:
         self._actor = actor
 
     def put(self, envelope: Any) -> None:
-        self._host.put(Envelope(_Hosted(self._actor, envelope)))
+        self._host.put(_Hosted(self._actor, envelope))
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         raise RuntimeError("a hosted actor's items are taken by its host")
