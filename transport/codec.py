@@ -312,29 +312,19 @@ def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, d
             if budget < 0:
                 return -1, value
         return budget, copy
-    if cls is list:
+    if cls is list or cls is tuple:
         budget -= 16
         if depth > 32 or budget < 0:
             return -1, value
         items: list[Any] = []
         for item in value:
-            budget, item = _copied(item, fields, budget, depth + 1)
-            if budget < 0:
-                return -1, value
-            items.append(item)
-        return budget, items
-    if cls is tuple:
-        budget -= 16
-        if depth > 32 or budget < 0:
-            return -1, value
-        members: list[Any] = []
-        for item in value:
             budget, new = _copied(item, fields, budget, depth + 1)
             if budget < 0:
                 return -1, value
-            members.append(new)
-        same = all(a is b for a, b in zip(members, value, strict=True))
-        return budget, value if same else tuple(members)
+            items.append(new)
+        if cls is list:
+            return budget, items
+        return budget, value if all(a is b for a, b in zip(items, value, strict=True)) else tuple(items)
     names = fields.get(cls)
     if names is None:
         return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy
