@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transport.envelope import Header
@@ -121,12 +121,6 @@ class BusFuture(concurrent.futures.Future[Any]):
             yield item
 
 
-@dataclass(order=True, slots=True)
-class _Timer:
-    at: float
-    id: bytes = field(compare=False)
-
-
 @dataclass(slots=True, eq=False)
 class PendingRequest:
     """Who waits for ``id``: a future (any thread) or an actor continuation (delivered to its mailbox)."""
@@ -148,14 +142,15 @@ class PendingTable:
         self._lock = threading.Lock()
         self._log_limit = log_limit or LogLimiter(monotonic=monotonic)
         self._entries: dict[bytes, PendingRequest] = {}
-        self._timers: list[_Timer] = []
+        # (deadline, request id): plain tuples, so the heap compares in C (a request's add is on every ask)
+        self._timers: list[tuple[float, bytes]] = []
         self._monotonic = monotonic
         self.late_replies = 0
 
     def add(self, entry: PendingRequest) -> None:
         with self._lock:
             self._entries[entry.id] = entry
-            heapq.heappush(self._timers, _Timer(entry.deadline, entry.id))
+            heapq.heappush(self._timers, (entry.deadline, entry.id))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -204,17 +199,17 @@ class PendingTable:
         now = self._monotonic()
         due: list[PendingRequest] = []
         with self._lock:
-            while self._timers and self._timers[0].at <= now:
-                timer = heapq.heappop(self._timers)
-                entry = self._entries.get(timer.id)
+            while self._timers and self._timers[0][0] <= now:
+                _, request_id = heapq.heappop(self._timers)
+                entry = self._entries.get(request_id)
                 if entry is not None and entry.deadline <= now:
-                    del self._entries[timer.id]
+                    del self._entries[request_id]
                     due.append(entry)
             # Timers of resolved entries linger in the heap; drop them when they dominate it.
             if len(self._timers) > 64 and len(self._timers) > 4 * len(self._entries):
-                self._timers = [t for t in self._timers if t.id in self._entries]
+                self._timers = [t for t in self._timers if t[1] in self._entries]
                 heapq.heapify(self._timers)
-            nxt = self._timers[0].at - now if self._timers else None
+            nxt = self._timers[0][0] - now if self._timers else None
         for entry in due:
             _deliver(entry, Reply(None, Expired(f"no reply within the deadline (peer {entry.peer})"), True))
         return nxt
