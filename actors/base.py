@@ -668,6 +668,7 @@ class HostingActor(BusActor):
     def __init__(self, node: Node, address: str, *, pool: HostPool) -> None:
         super().__init__(node, address)
         self.generation = 0  # the how-manieth start of this host's name (HostPool.hosts)
+        self.pool = pool
         pool._joined(self)
 
     @property
@@ -749,14 +750,15 @@ class HostPool:
 
     def spawn(self, actor_class: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         """Start ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` on the pool's host with
-        the fewest actors, and return its ref (as ``Node.spawn``). Called on a hosting actor's own thread (an
-        actor placed there starting its companions) it is hosted right there, without a wait; from any other
-        thread the placement waits up to ``PLACE_TIMEOUT``. An actor that takes traffic on its own socket
-        (``DIRECT``), or any actor when the pool's size is 0, gets its own thread."""
+        the fewest actors, and return its ref (as ``Node.spawn``). Called on the thread of one of this pool's
+        own hosts (an actor placed there starting its companions) it is hosted right there, without a wait;
+        from any other thread, another pool's hosts included (a tool host's thread may block, and may wait
+        for what it places), the placement waits up to ``PLACE_TIMEOUT``. An actor that takes traffic on its
+        own socket (``DIRECT``), or any actor when the pool's size is 0, gets its own thread."""
         if self.size == 0 or actor_class.DIRECT:
             return self.node.spawn(actor_class, name, *args, **kwargs)
         here = getattr(_on_host, "actor", None)
-        if isinstance(here, HostingActor) and here.node is self.node and not here.actor_stopped.is_set():
+        if isinstance(here, HostingActor) and here.pool is self and not here.actor_stopped.is_set():
             return here.host_actor(actor_class, name, *args, **kwargs)
         host = min(self.hosts(), key=lambda h: h.hosted)
         return host.actor_ref.ask(_Place(actor_class, name, args, kwargs), timeout=PLACE_TIMEOUT)

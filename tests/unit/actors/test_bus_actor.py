@@ -460,6 +460,19 @@ def test_an_actor_placed_from_a_hosts_thread_stays_on_that_host(node: Node) -> N
     assert thread_of(node, "b.gate") == thread_of(node, "b")
 
 
+def test_an_actor_placed_from_another_pools_host_goes_to_its_own_pool(node: Node) -> None:
+    """A tool host's thread (one pool) starting a run (another pool) must not host it on itself: the tool
+    may block there waiting for that run, which then could never step."""
+    HostPool.configure(node, "tools", 1)
+    HostPool.configure(node, "runs", 1)
+    tools, runs = HostPool.of(node, "tools"), HostPool.of(node, "runs")
+    tools.spawn(Companion, "tool", pool=runs)  # constructed on the tools host, placing its gate on runs
+    run_thread = thread_of(node, "tool.gate")
+    assert run_thread != thread_of(node, "tool")
+    runs.spawn(ThreadEcho, "beside")
+    assert thread_of(node, "beside") == run_thread
+
+
 def test_a_node_stop_stops_its_pools_and_all_they_host(node: Node) -> None:
     HostPool.configure(node, "s", 3)
     pool = HostPool.of(node, "s")
