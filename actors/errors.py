@@ -54,6 +54,23 @@ the family says which room raised it and what it carries, the cause why. ``TurnN
 One ``busy`` outcome is still spelled as a ``kind``: codex's ``AdapterError(BUSY)`` (a ``Broken``; a
 ``Busy`` subclass of it would be both).
 
+Where an error crosses from one room to another it is mapped once, by one function at that boundary, which
+keeps the original as ``__cause__``:
+
+    a provider's ProviderError -> the Router      RouterActor._on_finished: its ``kind`` picks the class
+    the Router -> the inference handle            inference/handle.py ``inference_error``: an InferenceError
+                                                  by cause; NotDelivered, Unavailable, Expired stay themselves
+    the handle's actor -> SessionInference        inference/facade.py ``typed_handle_error``: NotDelivered
+                                                  (the handle is gone) becomes Unavailable
+    the Router's ResolveModel -> InferenceRuntime runs/runtime.py ``_resolve_error``: an InferenceError;
+                                                  transport outcomes stay as they are
+    a run's later hop -> the run's caller         types.py ``retry_class``: NotDelivered after progress
+                                                  becomes Unavailable
+    the codex adapter -> the Shim                 codex/shim.py ``as_adapter_error``: any other bus error
+                                                  becomes AdapterError(UNAVAILABLE)
+    the codex adapter -> the facade's caller      codex/facade.py ``_typed``: NotDelivered and Unavailable
+                                                  become AdapterError(UNAVAILABLE)
+
 Errors that never cross the bus are plain Python exceptions where they are raised: ``ToolRegistryError``,
 ``TodoError`` and ``ToolRefused`` (``ValueError``: a bad argument), ``CheckpointError``, ``LaunchRejected``,
 ``ProviderConfigError``, the providers' ``ProviderError`` (its ``kind`` maps onto the Router's errors in one
