@@ -440,18 +440,25 @@ def test_a_host_stopped_mid_run_leaves_an_unknown_outcome(node: Node, probe: Pro
 # ------------------------------------------------------------------------------------------- store
 
 
-def test_the_store_claims_once_and_settles_once(tmp_path: Path) -> None:
-    """claim: Run for a new key, Unknown while unsettled, Done once settled (the first outcome stays)."""
-    store = EffectStore(tmp_path / "e.sqlite3", incarnation="i1", clock=lambda: 5.0)
+@pytest.mark.parametrize("in_file", [True, False], ids=["file", "memory"])
+def test_the_store_claims_once_and_settles_once(tmp_path: Path, in_file: bool) -> None:
+    """claim: Run for a new key, Unknown while unsettled, Run(rerun) when rerun-safe, Done once settled
+    (the first outcome stays): the same rules with a file (SQLite) and without (a dict)."""
+    store = EffectStore(tmp_path / "e.sqlite3" if in_file else None, incarnation="i1", clock=lambda: 5.0)
     try:
         assert store.claim("k", "tool 'a'") == Run()
         unknown = store.claim("k", "tool 'a'")
         assert isinstance(unknown, Unknown) and unknown.record.incarnation == "i1"
+        assert unknown.record.summary == "tool 'a'" and unknown.record.started_at == 5.0
+        assert store.claim("k", "tool 'a' again", rerun_safe=True) == Run(rerun=True)
         store.settle("k", "sys.ok", b"\x80")
         store.settle("k", "sys.ok", b"\x81")
         done = store.claim("k", "tool 'a'", rerun_safe=True)
-        assert isinstance(done, Done) and done.record.outcome == b"\x80" and done.record.runs == 1
-        assert store.lookup("missing") is None
+        assert isinstance(done, Done) and done.record.outcome == b"\x80" and done.record.runs == 2
+        assert done.record.summary == "tool 'a' again" and done.record.finished_at == 5.0
+        assert store.lookup("k") == done.record
+        store.settle("never-claimed", "sys.ok", b"\x80")  # nothing to settle: no row appears
+        assert store.lookup("missing") is None and store.lookup("never-claimed") is None
     finally:
         store.close()
 
