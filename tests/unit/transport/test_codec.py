@@ -1050,3 +1050,27 @@ def test_fuzz_body_maps_raise_only_protocol_error(data: st.DataObject) -> None:
     # Bytes, not ==: a NaN off the wire is legal in a float or JsonValue field and never equals itself.
     frame = reg.encode(message)
     assert reg.encode(reg.decode(cls.TAG, frame)) == frame
+
+
+def test_a_batch_splits_into_each_tells_own_header_and_the_batchs_other_slots() -> None:
+    """MB-05 at the frame: tell i of a batch gets its own id, kind and seq (the batch's seq + i), every other
+    header slot from the batch header, its own body, and the route it came by."""
+    from transport.codec import BATCH_TAG, encode_batch_body, split_batch
+    from transport.envelope import Inbound
+
+    ids = [bytes([i]) * 16 for i in range(1, 4)]
+    kinds = ["sys.echo", "sys.ping", "sys.echo"]
+    bodies = [b"\x80", b"\x81\xa1a\x01", b"\x80"]
+    body = encode_batch_body([x for triple in zip(ids, kinds, bodies, strict=True) for x in triple])
+    batch = Header(b"B" * 16, BATCH_TAG, "n1/client.1", "n2/sink", "tell", 7.5, 40, None, None, "conv",
+                   "turn", None, 1, None, "auth", FORMAT_VERSION)  # fmt: skip
+    route = ("peer", b"identity")
+    got = split_batch(batch, body, route)
+    want = [
+        Inbound(batch._replace(id=i, kind=k, seq=40 + n), b, route, None)
+        for n, (i, k, b) in enumerate(zip(ids, kinds, bodies, strict=True))
+    ]
+    assert got == want
+    assert all(type(x) is Inbound and type(x.header) is Header for x in got)
+    unsequenced = split_batch(batch._replace(seq=0), body, route)
+    assert [x.header.seq for x in unsequenced] == [0, 0, 0]
