@@ -296,37 +296,59 @@ def _share_budget(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: 
     return -1
 
 
-def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> tuple[int, Any]:
-    """``Registry.local_copy``'s walk, the bound of ``_share_budget`` and the copy in one pass: what is left
-    of ``budget`` (-1 past it, or for a value the wire cannot carry) and ``value`` with every JSON list and
-    string-keyed dict in it copied. The immutable rest is shared; a message holding a copy is built anew
-    through its class, as decoding builds it."""
+def _json_copy(value: Any, budget: int, depth: int) -> tuple[int, Any]:
+    """A JSON value's copy for ``_copied``: what is left of ``budget`` (-1 past it, or for anything that is
+    not JSON: a tuple, bytes, a message, a non-string key, an int past 64 bits) and the value with its lists
+    and dicts built again. Anything refused is encoded instead, and arrives as it would remotely."""
     cls = type(value)
+    budget -= 16
+    if cls is str:
+        return budget - 4 * len(value), value
+    if cls is int:
+        return (budget if -(1 << 63) <= value < (1 << 64) else -1), value
+    if cls is float or cls is bool or value is None:
+        return budget, value
+    if depth > 32 or budget < 0:
+        return -1, value
     if cls is dict:
-        budget -= 16
-        if depth > 32 or budget < 0:
-            return -1, value
         copy: dict[str, Any] = {}
         for key, item in value.items():
-            if type(key) is not str:  # the wire's maps have string keys: it is encoded, and fails there
+            if type(key) is not str:  # the wire's maps have string keys
                 return -1, value
-            budget, copy[key] = _copied(item, fields, budget - 16 - 4 * len(key), depth + 1)
+            budget, copy[key] = _json_copy(item, budget - 16 - 4 * len(key), depth + 1)
             if budget < 0:
                 return -1, value
         return budget, copy
-    if cls is list or cls is tuple:
+    if cls is list:
+        items: list[Any] = []
+        for item in value:
+            budget, item = _json_copy(item, budget, depth + 1)
+            if budget < 0:
+                return -1, value
+            items.append(item)
+        return budget, items
+    return -1, value
+
+
+def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> tuple[int, Any]:
+    """``Registry.local_copy``'s walk, the bound of ``_share_budget`` and the copy in one pass: what is left
+    of ``budget`` (-1 past it, or for a value the wire cannot carry as it is) and ``value`` with every JSON
+    value in it copied (``_json_copy``). The immutable rest is shared; a message holding a copy is built
+    anew through its class, as decoding builds it."""
+    cls = type(value)
+    if cls is dict or cls is list:
+        return _json_copy(value, budget, depth)
+    if cls is tuple:
         budget -= 16
         if depth > 32 or budget < 0:
             return -1, value
-        items: list[Any] = []
+        members: list[Any] = []
         for item in value:
             budget, new = _copied(item, fields, budget, depth + 1)
             if budget < 0:
                 return -1, value
-            items.append(new)
-        if cls is list:
-            return budget, items
-        return budget, value if all(a is b for a, b in zip(items, value, strict=True)) else tuple(items)
+            members.append(new)
+        return budget, value if all(a is b for a, b in zip(members, value, strict=True)) else tuple(members)
     names = fields.get(cls)
     if names is None:
         return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy

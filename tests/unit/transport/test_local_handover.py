@@ -100,7 +100,7 @@ def test_local_copy_shares_immutable_parts_and_copies_only_json_values() -> None
 
 def test_a_value_the_wire_cannot_carry_is_not_copied_but_encoded() -> None:
     """No copy where the codec would refuse or change the message: it is encoded and fails (or changes)
-    as it would between processes."""
+    as it would between processes. Inside a JSON value only JSON is copied."""
     from transport.codec import Registry
     from transport.messages import SYSTEM_MESSAGES
 
@@ -108,6 +108,9 @@ def test_a_value_the_wire_cannot_carry_is_not_copied_but_encoded() -> None:
     assert reg.local_copy(Echo(data={1: "an integer key"})) is None
     assert reg.local_copy(Echo(data={"s": {1, 2}})) is None  # a set: the wire makes it a list
     assert reg.local_copy(Echo(data={"n": 1 << 64})) is None  # past msgpack's 64 bits
+    assert reg.local_copy(Echo(data={"t": (1, 2)})) is None  # not JSON: the wire makes it a list
+    assert reg.local_copy(Echo(data=[b"raw"])) is None  # bytes are not JSON either
+    assert reg.local_copy(Echo(data={"m": Echo()})) is None  # a message inside a JSON value
     assert reg.local_copy(Echo(seq=1 << 64)) is None
     assert reg.local_copy(Echo(data={"big": "x" * 300})) is None  # may pass the body bound
     assert reg.local_copy(Echo(data={"small": "x" * 100})) is not None
