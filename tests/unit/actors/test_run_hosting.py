@@ -41,6 +41,7 @@ class HeldHost:
     def __init__(self) -> None:
         self.lock = threading.Lock()  # the test's own bookkeeping, read from the test's thread
         self.held: list[concurrent.futures.Future[Any]] = []
+        self.reached = threading.Semaphore(0)  # released once per run held
 
     def prepare_round(self, round: int) -> Any:
         return RoundPreparation.Run(
@@ -60,6 +61,7 @@ class HeldHost:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             with self.lock:
                 self.held.append(future)
+            self.reached.release()
             return future
         return None
 
@@ -76,19 +78,9 @@ class HeldHost:
         return SessionControl.Complete(answer=completion.answer)
 
     def wait_held(self, count: int) -> None:
-        """Bounded: until ``count`` runs are held at their first record."""
-        done = threading.Event()
-
-        def look() -> None:
-            with self.lock:
-                if len(self.held) >= count:
-                    done.set()
-
-        for _ in range(int(WAIT / 0.01)):
-            look()
-            if done.wait(0.01):
-                return
-        raise AssertionError(f"only {len(self.held)} of {count} runs reached their first record")
+        """Bounded: until ``count`` more runs are held at their first record."""
+        for _ in range(count):
+            assert self.reached.acquire(timeout=WAIT), "a run never reached its first record"
 
     def release(self) -> None:
         with self.lock:
@@ -126,7 +118,7 @@ def test_threads_do_not_grow_with_the_session_runs_in_flight(
     host.wait_held(N)
     with_n = {t.name for t in threading.enumerate()}
     runs += start(N)
-    host.wait_held(2 * N)
+    host.wait_held(N)
     with_2n = {t.name for t in threading.enumerate()}
     host.release()
     assert [run.result(WAIT) for run in runs] == ["done"] * (2 * N)
