@@ -20,6 +20,13 @@ A node's ``HostPool`` (``HostPool.of(node, kind)``) is a few ``HostingActor``s w
 others: ``pool.spawn(actor_class, name, ...)`` places the actor on the one hosting fewest, by a message to it,
 instead of starting a thread for it. So threads grow with the pool's size, not with the actors placed. A
 hosted actor that fails (a bug) stops alone; its host and the actors beside it go on.
+
+The node's *loop* pool (``LOOP_HOSTS``, ``[node] hosts`` threads, one by default) carries the actors that
+never block: conversations, runs with their handles, plan gates, and the Router, which ``Node.spawn`` places
+there (``BusActor.PLACED_ON``). Under CPython's GIL their Python code cannot run in parallel anyway, while
+every message between two threads costs a thread wake-up (tens of µs when the two threads sit on different
+CPUs, as they do on a small VM): on one thread a round's messages between them cost none. What may block (a
+tool, a host's callbacks, a blocking provider) keeps threads of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import pykka
 
@@ -212,6 +219,22 @@ class BusActor(pykka.ThreadingActor):
     DIRECT: ClassVar[bool] = False
     # The node's I/O thread may hand over a burst of messages as one mailbox item (transport InboundBatch).
     TAKES_INBOUND_BATCH: ClassVar[bool] = True
+    # The node host pool ``Node.spawn`` (through ``start``) places this class's actors on, or None: a thread
+    # of their own. Only for actors that never block their thread: the others hosted there would wait.
+    PLACED_ON: ClassVar[str | None] = None
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> Any:
+        """pykka's start, ``(node, address, ...)``: on the node's ``PLACED_ON`` pool when the class names one
+        and the pool has hosts (a direct actor on a node with endpoints keeps its thread: its socket needs
+        it), else on a thread of its own."""
+        kind = cls.PLACED_ON
+        if kind is not None and len(args) >= 2 and isinstance(args[0], Node):
+            node, address = args[0], args[1]
+            pool = HostPool.of(node, kind)
+            if pool.size > 0 and not (cls.DIRECT and node.endpoints):
+                return pool.spawn(cls, str(address).partition("/")[2], *args[2:], **kwargs)
+        return super().start(*args, **kwargs)
 
     def __init__(self, node: Node, address: str) -> None:
         super().__init__()
@@ -295,7 +318,7 @@ class BusActor(pykka.ThreadingActor):
         """Start ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` on this actor's thread
         (see the module docstring) and return its ref. Call it from this actor's thread only. The hosted
         actor is stopped when it stops itself, when its ref is stopped, and at the latest with its host."""
-        if actor_class.DIRECT:
+        if actor_class.DIRECT and self.node.endpoints:
             raise ValueError(f"{actor_class.__name__} takes traffic on its own socket: it needs its thread")
         address = str(Address.parse(f"{self.node.name}/{name}"))
         if self.node.lookup(name) is not None:
@@ -641,7 +664,11 @@ class BusActor(pykka.ThreadingActor):
 
 
 # ------------------------------------------------------------------------------------------ hosting pool
-DEFAULT_HOSTS = 4  # hosting actors a pool starts when its node's settings did not say (``[node] hosts``)
+# Hosting actors a pool starts when its node's settings did not say (``[node] hosts``). One: what a pool
+# hosts never blocks, and more threads only add hand-offs between them (see the module docstring).
+DEFAULT_HOSTS = 1
+# The pool of a node's never-blocking actors (the module docstring): conversations, runs, the Router.
+LOOP_HOSTS: Final = "conversation"
 PLACE_TIMEOUT = 30.0  # seconds a placement waits for its host (it only constructs and starts the actor)
 
 _on_host = threading.local()  # ``.actor``: the HostingActor whose thread this is
@@ -754,8 +781,9 @@ class HostPool:
         own hosts (an actor placed there starting its companions) it is hosted right there, without a wait;
         from any other thread, another pool's hosts included (a tool host's thread may block, and may wait
         for what it places), the placement waits up to ``PLACE_TIMEOUT``. An actor that takes traffic on its
-        own socket (``DIRECT``), or any actor when the pool's size is 0, gets its own thread."""
-        if self.size == 0 or actor_class.DIRECT:
+        own socket (``DIRECT`` on a node with endpoints), or any actor when the pool's size is 0, gets its own
+        thread."""
+        if self.size == 0 or (actor_class.DIRECT and self.node.endpoints):
             return self.node.spawn(actor_class, name, *args, **kwargs)
         here = getattr(_on_host, "actor", None)
         if isinstance(here, HostingActor) and here.pool is self and not here.actor_stopped.is_set():

@@ -445,9 +445,10 @@ class NodeSettings:
     heartbeat_timeout_ms: Annotated[int, NON_NEGATIVE] = 5000
     sndhwm: Annotated[int, NON_NEGATIVE] = 1000
     rcvhwm: Annotated[int, NON_NEGATIVE] = 1000
-    # Hosting actors (threads) the node's conversations (and its bare session and subagent runs) are placed
-    # on, and the conversations' tool hosts on; 0 = a thread for each, as before pools.
-    hosts: Annotated[int, HOST_COUNT] = 4
+    # Hosting actors (threads) the node's conversations, its bare session and subagent runs and its Router
+    # are placed on (one: they never block, and more threads only add hand-offs between them), and the
+    # conversations' tool hosts on; 0 = a thread for each, as before pools.
+    hosts: Annotated[int, HOST_COUNT] = 1
     tool_hosts: Annotated[int, HOST_COUNT] = 4
 
     def __post_init__(self) -> None:

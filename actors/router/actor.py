@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.base import DEFER, BusActor, Context
+from actors.base import DEFER, LOOP_HOSTS, BusActor, Context
 from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
 from actors.router.messages import (
     TERMINAL_EVENTS,
@@ -203,7 +203,10 @@ class RouterActor(BusActor):
     as mailbox effects, so a replay runs no provider (replaying: no turn is hosted, no timer or ticker).
     """
 
-    DIRECT = True
+    DIRECT = True  # on a node with endpoints: remote handles reach it with no I/O-thread hand-off
+    # Else on the node's loop pool, beside the runs and conversations it serves (their rounds then cost no
+    # thread hand-off): it never blocks, blocking providers' turns run on its TurnPool's workers.
+    PLACED_ON = LOOP_HOSTS
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
-from actors.base import DEFER, BusActor, Context, HostPool
+from actors.base import DEFER, LOOP_HOSTS, BusActor, Context, HostPool
 from actors.inference.handle import (
     AwaitStarted,
     FinishUnavailable,
@@ -533,10 +533,10 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
 
 # ------------------------------------------------------------------------------------------- the actor
 
-# The node's host pool (``actors.base.HostPool``) runs are placed on: the one conversations share
-# (``[node] hosts``), since a run, like a conversation, never blocks its thread. Threads then grow with the
+# The node's host pool (``actors.base.HostPool``) runs are placed on: its loop pool (``[node] hosts``),
+# which conversations and the Router share, since a run never blocks its thread. Threads then grow with the
 # pool's size, not with the number of runs.
-RUN_HOSTS: Final = "conversation"
+RUN_HOSTS: Final = LOOP_HOSTS
 
 
 def spawn_run(node: Node, actor_class: type[RoundActor], name: str) -> None:

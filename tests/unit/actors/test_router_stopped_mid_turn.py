@@ -1,6 +1,6 @@
 """A Router stopped while a provider turn runs (Ctrl-C in ``kbus chat``): the turn ends quietly, wherever it
 was hosted, instead of dying with ActorDeadError (pytest turns an unhandled thread exception into an error),
-and no thread it ran on outlives the Router."""
+and no thread it ran on outlives the Router (the node's loop pool it is placed on is the node's)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from actors.app.wiring import registry
+from actors.base import LOOP_HOSTS, HostPool
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnTextDelta
@@ -47,6 +48,7 @@ def test_a_router_stopped_mid_turn_ends_the_turn_quietly(
     make_node: Callable[..., Node], tmp_path: Path, provider: Callable[[], Any]
 ) -> None:
     node = make_node("n1", registry=registry())
+    HostPool.of(node, LOOP_HOSTS).hosts()  # the thread the Router is placed on: the node's, not the Router's
     before = {t.ident for t in threading.enumerate()}
     ref = node.spawn(RouterActor, "router", data_dir=tmp_path, providers={"scripted": provider()})
     router = RouterClient(node, "n1/router", timeout=10)
