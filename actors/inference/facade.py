@@ -88,13 +88,17 @@ class SessionInference:
     def next_event_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
         return self._future(NextEvent(), timeout, _event_or_none)
 
-    def respond(self, call_id: str, result: ToolResult, *, timeout: float | None = None) -> None:
-        self._call(Respond(call_id=call_id, result=result), timeout)
+    def respond(
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None, read_on: bool = False
+    ) -> None:
+        """Answer a surfaced call. ``read_on``: you call ``next_event`` right after, so the handle may read
+        that event in the same exchange with the Router (``Respond.read_on``)."""
+        self._call(Respond(call_id=call_id, result=result, read_on=read_on), timeout)
 
     def respond_future(
-        self, call_id: str, result: ToolResult, *, timeout: float | None = None
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None, read_on: bool = False
     ) -> concurrent.futures.Future[Any]:
-        return self._future(Respond(call_id=call_id, result=result), timeout, _none)
+        return self._future(Respond(call_id=call_id, result=result, read_on=read_on), timeout, _none)
 
     def finish_unavailable(self, *, timeout: float | None = None) -> UsageReceipt:
         return self._call(FinishUnavailable(), timeout)  # type: ignore[no-any-return]

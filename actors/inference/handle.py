@@ -176,9 +176,14 @@ class NextEvent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Respond:
+    """Answer a surfaced tool call. ``read_on``: the caller asks ``NextEvent`` as soon as this succeeds,
+    so the handle may read the Router's next event in the same exchange (``RespondCall.read_on``) and hold
+    it for that ``NextEvent``. Leave it off when the run may end after the respond (a ``stop``)."""
+
     TAG: ClassVar[str] = "si.respond"
     call_id: str
     result: ToolResult
+    read_on: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,6 +356,38 @@ def _init_record(node: Node, *options: Any) -> bytes:
     return pack_payload([router, node.registry.encode(request), *rest])
 
 
+class ReadOn:
+    """The continuation of a ``RespondCall(read_on=True)``: its partial ``Ok`` answers the caller's
+    ``Respond``, and its final reply is the read that follows (``_on_read``). A final reply with no partial
+    before it is the respond's own answer: its error, or ``Ok`` from a Router that does not read on, and
+    the next ``NextEvent`` then reads as usual."""
+
+    __slots__ = ("_actor", "_call_id", "_ctx", "_taken")
+
+    def __init__(self, actor: InferenceHandleActor, ctx: Context, call_id: str) -> None:
+        self._actor = actor
+        self._ctx = ctx
+        self._call_id = call_id
+        self._taken = False
+
+    def __call__(self, reply: Reply) -> None:
+        actor = self._actor
+        if not reply.final:
+            if not self._taken:
+                self._taken = True
+                if not self._ctx.done:
+                    self._ctx.reply(Ok())
+            return
+        if self._taken:
+            actor._on_read(reply)
+            return
+        state = actor._state
+        if isinstance(state, Active):
+            actor._state = replace(state, reading=False)
+        actor._on_responded(self._ctx, self._call_id, reply)
+        actor._pump()
+
+
 class InferenceHandleActor(BusActor):
     """One provider turn; spawned by ``InferenceRuntime``. See the module docstring."""
 
@@ -417,15 +454,25 @@ class InferenceHandleActor(BusActor):
                 self._state = replace(state, readers=(*state.readers, ctx))
                 self._pump()
                 return DEFER
-            case Active(), Respond(call_id=call_id, result=result):
+            case Active(), Respond(call_id=call_id, result=result, read_on=read_on):
                 if call_id not in state.surfaced:
                     raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
-                self._state = replace(state, surfaced=state.surfaced - {call_id})
-                self.ask(
-                    self._router,
-                    RespondCall(operation_id=state.operation_id, call_id=call_id, result=result),
-                    lambda reply: self._on_responded(ctx, call_id, reply),
+                # Read on only when that read would be the next one anyway: none in flight, none held.
+                read_on = read_on and not state.reading and not state.buffered
+                self._state = replace(state, surfaced=state.surfaced - {call_id}, reading=read_on)
+                respond = RespondCall(
+                    operation_id=state.operation_id, call_id=call_id, result=result, read_on=read_on
                 )
+                if read_on:
+                    self.ask(
+                        self._router,
+                        respond,
+                        ReadOn(self, ctx, call_id),
+                        timeout=self._read_timeout,
+                        stream=True,
+                    )
+                else:
+                    self.ask(self._router, respond, lambda reply: self._on_responded(ctx, call_id, reply))
                 return DEFER
             case Active(), FinishUnavailable():
                 self._state = replace(state, accountants=(*state.accountants, ctx))

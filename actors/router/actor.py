@@ -152,7 +152,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.errors import Expired, ProtocolError
-from transport.messages import Ping, Resolve
+from transport.messages import Ok, Ping, Resolve
 from transport.pending import Reply
 from transport.replay import (
     MONOTONIC,
@@ -323,8 +323,13 @@ class RouterActor(BusActor):
                 return self._next(self._turn(op, ctx), ctx)
             case StreamTurnEvents(operation_id=op):
                 return self._stream(self._turn(op, ctx), ctx)
-            case RespondCall(operation_id=op, call_id=call_id, result=result):
-                return self._respond(self._turn(op, ctx), call_id, result)
+            case RespondCall(operation_id=op, call_id=call_id, result=result, read_on=read_on):
+                turn = self._turn(op, ctx)
+                self._respond(turn, call_id, result)
+                if not read_on or ctx.header.flow != "stream":
+                    return None
+                ctx.partial(Ok())  # the result is taken: what follows is the read's
+                return self._next(turn, ctx)
             case FinishUnavailable(operation_id=op):
                 return self._finish_unavailable(op)
             case CancelOperation(operation_id=op):

@@ -78,10 +78,16 @@ class StreamTurnEvents:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RespondCall:
+    """Answer a surfaced tool call. With ``read_on``, sent as a stream request by a reader that reads the
+    turn's next event right after: a partial ``Ok`` says the result was taken, and the final reply is that
+    next event (or the read's error), as ``NextTurnEvent`` would answer; one exchange instead of two. An
+    error before any partial is the respond's own. Otherwise the reply is ``Ok``."""
+
     TAG: ClassVar[str] = "router.respond"
     operation_id: uuid.UUID
     call_id: str
     result: ToolResult
+    read_on: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

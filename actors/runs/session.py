@@ -618,7 +618,8 @@ class SessionFlavor:
                             emitted_response=facts.emitted_response or o.emitted_response,
                         )
                     )
-                respond = Respond(call_id=call_id, result=ToolResult(success=o.ok, output=o.text))
+                result = ToolResult(success=o.ok, output=o.text)
+                respond = Respond(call_id=call_id, result=result, read_on=not o.stop)  # RS-36: reads on
                 return Step(Responding(run, o.stop), (Ask(Target.HANDLE, respond),))
             case Resuming(run=run), Answered(value=ProviderResume.Complete(answer=answer)):  # RS-15, 18, 25
                 return account(self, run, Succeed(answer))

@@ -782,7 +782,8 @@ class SubagentFlavor:
                 submit = Ask(Target.ROUTER, SubmitInput(operation_id=run.op, input=rendered), boundary=False)
                 return Step(SubmittingInput(run, call_id, result), (submit,))
             case SubmittingInput(run=run, call_id=call_id, result=result), Answered():
-                respond = Ask(Target.HANDLE, Respond(call_id=call_id, result=result), boundary=False)
+                answer = Respond(call_id=call_id, result=result, read_on=True)  # it reads on after
+                respond = Ask(Target.HANDLE, answer, boundary=False)
                 return Step(RespondingTool(run), (respond,))
             case SubmittingInput(run=run) | RespondingTool(run=run), Failed(error=error):
                 return failed_with(self, run, error)

@@ -49,7 +49,9 @@ from actors.router.messages import (
     RouterError,
     StartTurn,
     TurnCompleted,
+    TurnInput,
     TurnStarted,
+    TurnTextDelta,
     TurnToolCall,
 )
 from actors.router.providers.scripted import ScriptedProvider
@@ -69,6 +71,7 @@ from actors.types import (
     UsageReceipt,
 )
 from transport.errors import ActorUnavailable, BusTimeout
+from transport.messages import Ok
 from transport.node import Node
 
 PARENT = uuid.UUID("00000000-0000-4000-8000-000000000001")
@@ -177,8 +180,10 @@ class FakeRouter:
         events: list[Any] | None = None,
         respond_errors: list[RouterError | None] | None = None,
         finish_errors: list[RouterError | None] | None = None,
+        reads_on: bool = False,
     ) -> None:
         self.start_error = start_error
+        self.reads_on = reads_on  # answers RespondCall(read_on=True) as the real Router does
         self.events = list(events or [])
         self.respond_errors = list(respond_errors or [])
         self.finish_errors = list(finish_errors or [])
@@ -222,18 +227,14 @@ class FakeRouterActor(BusActor):
                     raise plan.start_error
                 return TurnStarted(operation_id=plan.op, model=MODEL)
             case NextTurnEvent():
-                if not plan.events:
-                    return DEFER  # hangs until the test ends
-                event = plan.events.pop(0)
-                if callable(event):
-                    event = event(plan)
-                if isinstance(event, BaseException):
-                    raise event
-                return event
-            case RespondCall():
+                return self._read()
+            case RespondCall(read_on=read_on):
                 error = plan.respond_errors.pop(0) if plan.respond_errors else None
                 if error is not None:
                     raise error
+                if plan.reads_on and read_on and ctx.header.flow == "stream":
+                    ctx.partial(Ok())
+                    return self._read()
                 return None
             case FinishUnavailable():
                 error = plan.finish_errors.pop(0) if plan.finish_errors else None
@@ -243,6 +244,17 @@ class FakeRouterActor(BusActor):
             case CancelOperation(operation_id=op):
                 return OperationsCancelled(operation_ids=(op,))
         raise TypeError(type(message).__name__)
+
+    def _read(self) -> Any:
+        plan = self.plan
+        if not plan.events:
+            return DEFER  # hangs until the test ends
+        event = plan.events.pop(0)
+        if callable(event):
+            event = event(plan)
+        if isinstance(event, BaseException):
+            raise event
+        return event
 
 
 @pytest.fixture
@@ -573,6 +585,89 @@ def test_si11_a_failed_respond_leaves_the_handle_accountable(
     assert err.value.__cause__ == cause and err.value.receipt is None
     receipt = si.finish_unavailable(timeout=WAIT)
     assert receipt in router.issued
+
+
+# ------------------------------------------------------------------------------------- reading on
+# Respond(read_on=True): the loop reads right after a respond, so the handle takes the respond's answer and
+# the next event in one exchange with the Router (RespondCall(read_on=True): a partial Ok, then the event).
+
+
+def test_a_respond_that_reads_on_gets_the_next_event_without_a_second_read(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    router, runtime = fake(events=[ktool("c1"), completed], reads_on=True)
+    si = runtime.start_session_inference(request())
+    handles.append(si)
+    assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.ToolCall)
+    si.respond("c1", OK, read_on=True)
+    assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+    (respond,) = (c for c in router.calls if isinstance(c, RespondCall))
+    assert respond.read_on
+
+
+def test_a_router_that_does_not_read_on_is_read_as_before(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    """A Router answering ``Ok`` alone (not reading on): the next event is read with its own request."""
+    router, runtime = fake(events=[ktool("c1"), completed])
+    si = runtime.start_session_inference(request())
+    handles.append(si)
+    si.next_event(timeout=WAIT)
+    si.respond("c1", OK, read_on=True)
+    assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall", "NextTurnEvent"]
+
+
+def test_si11_a_failed_respond_that_reads_on_raises_as_respond_and_stays_accountable(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    """SI-11 with read_on: the error before any partial is the respond's; the call is answerable again."""
+    cause = ProviderFailed("the provider connection dropped")
+    router, runtime = fake(events=[ktool("c1")], respond_errors=[cause], reads_on=True)
+    si = runtime.start_session_inference(request())
+    handles.append(si)
+    si.next_event(timeout=WAIT)
+    with pytest.raises(InferenceError) as err:
+        si.respond("c1", OK, read_on=True)
+    assert err.value.__cause__ == cause and err.value.receipt is None
+    assert si.finish_unavailable(timeout=WAIT) in router.issued
+
+
+def test_a_read_that_fails_after_a_taken_respond_fails_the_next_event_not_the_respond(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    cause = ProviderFailed("the stream broke")
+    router, runtime = fake(events=[ktool("c1"), cause], reads_on=True)
+    si = runtime.start_session_inference(request())
+    handles.append(si)
+    si.next_event(timeout=WAIT)
+    si.respond("c1", OK, read_on=True)  # taken: no error here
+    with pytest.raises(InferenceError) as err:
+        si.next_event(timeout=WAIT)
+    assert err.value.__cause__ == cause
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+
+
+def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_next_event(
+    node: Node, router: RouterClient, provider: ScriptedProvider
+) -> None:
+    """The real Router: a partial Ok, then the event that follows the result (the model's next input); an
+    unknown call fails before any partial; a plain request with read_on is answered Ok and reads nothing."""
+    provider.add([{"call": {"name": "t", "arguments": {}}, "id": "c1"}, {"text": "after"}])
+    start = StartTurn(
+        user_id="u1", parent_operation_id=PARENT, model="scripted", input="go", tool_description="t()"
+    )
+    op = router.start_turn(start).operation_id
+    while not isinstance(router.next_event(op), TurnToolCall):
+        pass
+    bad = RespondCall(operation_id=op, call_id="nope", result=OK, read_on=True)
+    with pytest.raises(InvalidCallId):
+        next(node.stream(router.address, bad, timeout=WAIT))
+    good = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
+    ok, read = list(node.stream(router.address, good, timeout=WAIT))
+    assert ok == Ok() and isinstance(read, TurnInput)
+    assert isinstance(router.next_event(op), TurnTextDelta)  # the stream goes on from there
 
 
 def test_si12_finish_unavailable_accounts_and_terminalizes(

@@ -207,7 +207,8 @@ def test_rs11_rs13_rs14_rs22_rs23_one_tool_round_as_effects() -> None:
     )
     amended = SessionToolOutcome(text="b", ok=False, finish_after_round=True)
     assert asked(drive.answer(ProviderResume.Continue(outcome=amended))) == [
-        Respond(call_id="c1", result=ToolResult(success=False, output="b"))  # RS-14: the amended one
+        # RS-14: the amended one; the loop reads on after it (RS-36), so the handle may read in the same go
+        Respond(call_id="c1", result=ToolResult(success=False, output="b"), read_on=True)
     ]
     assert asked(drive.answer(None)) == [NextEvent()]  # RS-36
     done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt())
@@ -224,6 +225,18 @@ def test_rs11_rs13_rs14_rs22_rs23_one_tool_round_as_effects() -> None:
     assert complete.completion.emitted_response is False
     effects = drive.answer(SessionControl.Complete(answer="z"))
     assert effects == (m.Finish(SessionResult(answer="z")),) and isinstance(drive.state, m.Ended)
+
+
+def test_rs24_a_stopping_respond_does_not_read_on() -> None:
+    """RS-24: after a ``stop`` outcome's respond the run accounts and ends, so the handle must not read
+    the turn's next event in the same exchange (it would read an event nobody asked for)."""
+    drive = started_session()
+    drive.answer(CALL)
+    stopping = SessionToolOutcome(text="b", ok=True, stop=True)
+    assert asked(drive.answer(ProviderResume.Continue(outcome=stopping))) == [
+        Respond(call_id="c1", result=ToolResult(success=True, output="b"), read_on=False)
+    ]
+    assert asked(drive.answer(None)) == [FinishUnavailable()]
 
 
 def test_rs12_a_failing_tool_accounts_for_the_turn_then_raises_that_error() -> None:
@@ -361,7 +374,7 @@ def test_sa25_ev03_an_invalid_call_is_answered_without_the_host_then_the_project
     (submit,) = asked(drive.answer(None))
     assert isinstance(submit, SubmitInput) and INVALID_CALL in submit.input
     assert asked(drive.answer(None)) == [
-        Respond(call_id="c1", result=ToolResult(success=False, output=str(error)))
+        Respond(call_id="c1", result=ToolResult(success=False, output=str(error)), read_on=True)
     ]
     assert asked(drive.answer(None)) == [NextEvent()]
 
