@@ -592,13 +592,21 @@ def test_si11_a_failed_respond_leaves_the_handle_accountable(
 # the next event in one exchange with the Router (RespondCall(read_on=True): a partial Ok, then the event).
 
 
-def test_a_respond_that_reads_on_gets_the_next_event_without_a_second_read(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
-) -> None:
-    router, runtime = fake(events=[ktool("c1"), completed], reads_on=True)
+def reading_handle(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference], **plan: Any
+) -> tuple[FakeRouter, SessionInference]:
+    """A handle over a fake Router with ``plan``, its first event (a tool call) already read."""
+    router, runtime = fake(**plan)
     si = runtime.start_session_inference(request())
     handles.append(si)
     assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.ToolCall)
+    return router, si
+
+
+def test_a_respond_that_reads_on_gets_the_next_event_without_a_second_read(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=True)
     si.respond("c1", OK, read_on=True)
     assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
     assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
@@ -610,10 +618,7 @@ def test_a_router_that_does_not_read_on_is_read_as_before(
     fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
 ) -> None:
     """A Router answering ``Ok`` alone (not reading on): the next event is read with its own request."""
-    router, runtime = fake(events=[ktool("c1"), completed])
-    si = runtime.start_session_inference(request())
-    handles.append(si)
-    si.next_event(timeout=WAIT)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed])
     si.respond("c1", OK, read_on=True)
     assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
     assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall", "NextTurnEvent"]
@@ -624,10 +629,7 @@ def test_si11_a_failed_respond_that_reads_on_raises_as_respond_and_stays_account
 ) -> None:
     """SI-11 with read_on: the error before any partial is the respond's; the call is answerable again."""
     cause = ProviderFailed("the provider connection dropped")
-    router, runtime = fake(events=[ktool("c1")], respond_errors=[cause], reads_on=True)
-    si = runtime.start_session_inference(request())
-    handles.append(si)
-    si.next_event(timeout=WAIT)
+    router, si = reading_handle(fake, handles, events=[ktool("c1")], respond_errors=[cause], reads_on=True)
     with pytest.raises(InferenceError) as err:
         si.respond("c1", OK, read_on=True)
     assert err.value.__cause__ == cause and err.value.receipt is None
@@ -638,10 +640,7 @@ def test_a_read_that_fails_after_a_taken_respond_fails_the_next_event_not_the_re
     fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
 ) -> None:
     cause = ProviderFailed("the stream broke")
-    router, runtime = fake(events=[ktool("c1"), cause], reads_on=True)
-    si = runtime.start_session_inference(request())
-    handles.append(si)
-    si.next_event(timeout=WAIT)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=True)
     si.respond("c1", OK, read_on=True)  # taken: no error here
     with pytest.raises(InferenceError) as err:
         si.next_event(timeout=WAIT)
@@ -654,17 +653,22 @@ def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_next_event(
 ) -> None:
     """The real Router: a partial Ok, then the event that follows the result (the model's next input); an
     unknown call fails before any partial; a plain request with read_on is answered Ok and reads nothing."""
-    provider.add([{"call": {"name": "t", "arguments": {}}, "id": "c1"}, {"text": "after"}])
+    call = {"name": "t", "arguments": {}}
+    provider.add([{"call": call, "id": "c1"}, {"call": call, "id": "c2"}, {"text": "after"}])
     start = StartTurn(
         user_id="u1", parent_operation_id=PARENT, model="scripted", input="go", tool_description="t()"
     )
     op = router.start_turn(start).operation_id
     while not isinstance(router.next_event(op), TurnToolCall):
         pass
+    plain = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
+    assert node.request(router.address, plain, timeout=WAIT) == Ok()  # not a stream: nothing read
+    assert isinstance(router.next_event(op), TurnInput)
+    assert isinstance(router.next_event(op), TurnToolCall)
     bad = RespondCall(operation_id=op, call_id="nope", result=OK, read_on=True)
     with pytest.raises(InvalidCallId):
         next(node.stream(router.address, bad, timeout=WAIT))
-    good = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
+    good = RespondCall(operation_id=op, call_id="c2", result=OK, read_on=True)
     ok, read = list(node.stream(router.address, good, timeout=WAIT))
     assert ok == Ok() and isinstance(read, TurnInput)
     assert isinstance(router.next_event(op), TurnTextDelta)  # the stream goes on from there
