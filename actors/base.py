@@ -694,6 +694,11 @@ class HostingActor(BusActor):
 
     def __init__(self, node: Node, address: str, *, pool: HostPool) -> None:
         super().__init__(node, address)
+        # A mailbox with lanes (transport/inbox.py): what it hosts reaches peers' direct actors (a remote
+        # Router) on sockets this thread owns, not through the node's I/O thread. No socket of its own.
+        inbox = SocketInbox(node, self.name, serve=False)
+        self.actor_inbox = inbox
+        self.actor_ref.actor_inbox = inbox
         self.generation = 0  # the how-manieth start of this host's name (HostPool.hosts)
         self.pool = pool
         pool._joined(self)

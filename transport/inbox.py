@@ -1,4 +1,5 @@
-"""A direct actor's mailbox: its pykka inbox and its own ROUTER socket, waited on together.
+"""A direct actor's mailbox: its pykka inbox and its own ROUTER socket, waited on together; and the actor
+thread's own lanes to peers' direct actors.
 
 A blocking call that goes through the node costs two thread hand-offs on the serving side (I/O thread to
 actor, actor back to I/O thread); on this kind of machine each is tens of µs. A *direct* actor binds a
@@ -7,6 +8,17 @@ the handler with no hand-off and the reply leaves from the same thread. The node
 as before (local senders, actor-to-actor traffic, peers that did not resolve the endpoint).
 
 The socket is created, used and closed by the actor's thread only. Other threads only ``put``.
+
+*Lanes* do the same for what the thread sends: a request or tell from an actor on this thread (hosted ones
+included) to an actor of a peer that serves on a socket of its own leaves on a DEALER this thread owns,
+connected to that socket, and the answer comes back on it, into this mailbox: no I/O-thread hand-off on
+either side. ``Node.send`` offers each remote send to the sending thread's lanes first (``lane_send``).
+Each (sender, receiver) pair keeps the way its first message took, so its order holds (MB-05): the first
+send to an unresolved receiver goes through the node and asks the peer where the receiver listens; pairs
+that start after the answer take the lane. A lane that cannot take a message (no live connection:
+``immediate``) is forgotten and the message goes through the node, as does every later one of its pairs.
+A ``HostingActor``'s mailbox is one of these without a socket of its own (``serve=False``): what it hosts
+(runs, handles) then reaches a remote Router without the node's I/O thread.
 """
 
 from __future__ import annotations
@@ -25,10 +37,23 @@ from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykk
 from zmq.backend import zmq_poll
 
 from transport.codec import BATCH_TAG
-from transport.envelope import Inbound, InboundBatch
-from transport.errors import NotDelivered, ProtocolError
+from transport.envelope import Header, Inbound, InboundBatch
+from transport.errors import BusError, NotDelivered, ProtocolError
+from transport.messages import Resolve, Resolved
+from transport.node import pick_direct
 from transport.security import SecurityError, user_id
-from transport.sockets import POLLIN, BindError, Sock, make_router, recv_frames, send_frames, send_routed
+from transport.sockets import (
+    POLLIN,
+    BindError,
+    Peer,
+    Sock,
+    make_dealer,
+    make_router,
+    recv_frames,
+    send_envelope,
+    send_frames,
+    send_routed,
+)
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -39,6 +64,8 @@ log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _CLOSE_LINGER_MS = 500
+_LANE_REFUSALS = 16  # sends a lane may refuse in a row (no connection) before it is dropped
+_RESOLVE_TIMEOUT = 5.0  # seconds a lane's resolve waits for the peer; meanwhile the node's path is taken
 
 
 def sibling_endpoint(endpoint: str, node: str, actor: str) -> str | None:
@@ -56,10 +83,15 @@ def sibling_endpoint(endpoint: str, node: str, actor: str) -> str | None:
     return None
 
 
-class SocketInbox:
-    """pykka's ActorInbox protocol (put/get/empty) over a local deque plus the actor's own socket."""
+_LANE_PAIRS = 4096  # (sender, receiver) pairs a thread remembers the way of; the oldest is forgotten
 
-    def __init__(self, node: Node, actor: str) -> None:
+
+class SocketInbox:
+    """pykka's ActorInbox protocol (put/get/empty) over a local deque plus the actor's own socket (when
+    ``serve``) and the thread's lanes to peers' direct actors."""
+
+    def __init__(self, node: Node, actor: str, *, serve: bool = True) -> None:
+        self._serve = serve
         self._node = node
         self._actor = actor
         self._address = f"{node.name}/{actor}"
@@ -79,6 +111,13 @@ class SocketInbox:
         self._closed = False
         self._seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.endpoints: tuple[str, ...] = ()
+        # Lanes (owner thread only, but _directs, which the resolve's callback fills from the I/O thread).
+        self._lanes: dict[str, Sock] = {}  # direct endpoint -> this thread's DEALER to it
+        self._lane_of: dict[Sock, str] = {}
+        self._directs: dict[str, tuple[Peer, Peer | None]] = {}  # receiver -> (its node's peer, its own)
+        self._resolving: set[str] = set()
+        self._pairs: OrderedDict[tuple[str, str], Peer | None] = OrderedDict()  # the way each pair took
+        self._refused: dict[str, int] = {}  # lane endpoint -> sends it refused in a row
 
     # ---------------------------------------------------------------------------- any thread
     def put(self, envelope: Any) -> None:
@@ -100,6 +139,9 @@ class SocketInbox:
     def _open(self) -> None:
         self._opened = True
         node = self._node
+        node.own_lanes(self)
+        if not self._serve:
+            return
         binds = [e for e in (sibling_endpoint(b, node.name, self._actor) for b in node.endpoints) if e]
         if not binds:
             return
@@ -158,8 +200,10 @@ class SocketInbox:
                 if fd == wake_r:  # read the wake-up pipe only when it woke us: a syscall saved
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 4096)
-                else:
+                elif fd is sock:
                     socket_ready = True  # the poll said so: no second look before receiving
+                else:
+                    self._lane_receive(fd)
 
     def _receive(self, sock: Sock) -> Any:
         node = self._node
@@ -192,6 +236,120 @@ class SocketInbox:
             return None if tells is None else Envelope(InboundBatch(tells))
         return Envelope(Inbound(header, parts[3], route))
 
+    # ------------------------------------------------------------------------------- lanes
+    def lane_send(self, dst_node: str, header: Header, frames: list[bytes]) -> bool:
+        """Send ``frames`` on this thread's lane to ``header.dst`` if its pair takes one; False: the caller
+        sends through the node (nothing was sent here)."""
+        dst = header.dst
+        if dst.endswith("/node"):
+            return False  # the peer node itself (the resolve below goes there): never a direct actor
+        key = (header.src, dst)
+        pairs = self._pairs
+        if key in pairs:
+            direct = pairs[key]
+        else:
+            direct = self._direct_for(dst_node, dst)
+            pairs[key] = direct
+            if len(pairs) > _LANE_PAIRS:
+                pairs.popitem(last=False)
+        if direct is None:
+            return False
+        sock = self._lanes.get(direct.endpoint) or self._open_lane(direct)
+        if sock is not None:
+            try:
+                send_envelope(sock, b"", frames[0], frames[1])
+                self._refused.pop(direct.endpoint, None)
+                return True
+            except zmq.Again:
+                # No live connection (immediate): not yet (a lane just opened), or no more (its actor
+                # stopped). Nothing was sent; this pair goes through the node. A lane that keeps refusing is
+                # dropped and its receiver asked again.
+                refused = self._refused.get(direct.endpoint, 0) + 1
+                self._refused[direct.endpoint] = refused
+                if refused < _LANE_REFUSALS:
+                    pairs[key] = None
+                    return False
+            except zmq.ZMQError:
+                pass
+            self._close_lane(direct.endpoint)
+        pairs[key] = None
+        self._directs.pop(dst, None)
+        self._node.stats.incr("direct_fallbacks")
+        return False
+
+    def _direct_for(self, dst_node: str, dst: str) -> Peer | None:
+        """The peer entry of ``dst``'s own socket if known for the peer ``dst_node`` is now; else None, and
+        the peer is asked (once) where ``dst`` listens, for the pairs that start later."""
+        node = self._node
+        peer = node.peer(dst_node)
+        if peer is None:
+            return None
+        known = self._directs.get(dst)
+        if known is not None and known[0] is peer:
+            return known[1]
+        if dst not in self._resolving:
+            self._resolving.add(dst)
+            directs, resolving = self._directs, self._resolving
+
+            def resolved(future: Any) -> None:  # on the I/O thread: two single assignments
+                try:
+                    answer = future.result(0)
+                except BaseException:  # noqa: BLE001 - not resolved: the node's path stays the way
+                    answer = None
+                endpoints = answer.endpoints if isinstance(answer, Resolved) else ()
+                directs[dst] = (peer, pick_direct(peer, endpoints))
+                resolving.discard(dst)
+
+            try:
+                future = node.request_future(
+                    f"{dst_node}/node", Resolve(actor=dst.partition("/")[2]), timeout=_RESOLVE_TIMEOUT
+                )
+            except BusError:
+                self._resolving.discard(dst)
+            else:
+                future.add_done_callback(resolved)
+        return None
+
+    def _open_lane(self, direct: Peer) -> Sock | None:
+        node = self._node
+        try:
+            sock = make_dealer(node.context, direct, node.options, node.security)
+            sock.connect(direct.endpoint)
+        except (zmq.ZMQError, SecurityError, ValueError) as exc:
+            log.info("%s: no lane to %s (%s)", self._address, direct.endpoint, exc)
+            return None
+        self._lanes[direct.endpoint] = sock
+        self._lane_of[sock] = direct.endpoint
+        self._items.append((sock, POLLIN))
+        return sock
+
+    def _close_lane(self, endpoint: str) -> None:
+        sock = self._lanes.pop(endpoint, None)
+        self._refused.pop(endpoint, None)
+        if sock is None:
+            return
+        self._lane_of.pop(sock, None)
+        self._items[:] = [item for item in self._items if item[0] is not sock]  # get() holds this list
+        sock.close(0)
+
+    def _lane_receive(self, sock: Sock) -> None:
+        """What came back on a lane (answers, tell errors) goes where the node's would: to the pending
+        request, or to the actor's mailbox."""
+        node = self._node
+        while True:
+            try:
+                parts = recv_frames(sock)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            if len(parts) != 3 or parts[0]:
+                node.stats.incr("malformed")
+                continue
+            header = node.admit(parts[1], None, self._seq_seen)
+            if header is not None:
+                node.deliver_local(header, parts[2])
+
     def send(self, routing_id: bytes, frames: list[bytes]) -> bool:
         """Answer over the connection a request came in on; False (counted) if the peer is gone or full."""
         sock = self._sock
@@ -213,6 +371,9 @@ class SocketInbox:
             return
         self._closed = True
         self._node.publish_direct(self._actor, ())
+        self._node.own_lanes(None, self)
+        for endpoint in list(self._lanes):
+            self._close_lane(endpoint)
         if self._sock is not None:
             # A short linger: replies sent just before closing (an actor answering its deferred requests
             # as it stops) still leave; with linger 0 libzmq would drop them with the socket.

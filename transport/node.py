@@ -461,6 +461,19 @@ class Node:
     def lookup(self, name: str) -> ActorRefLike | None:
         return self._actors.get(name)
 
+    def peer(self, name: str) -> Peer | None:
+        """The peer ``connect`` made for node ``name``, if any (the entry changes when it reconnects)."""
+        return self._peers.get(name)
+
+    def own_lanes(self, lanes: Any, old: Any = None) -> None:
+        """Make ``lanes`` (a mailbox with lanes, transport/inbox.py) the calling thread's way out for its
+        remote sends; ``None`` ends it (only while ``old`` is the thread's)."""
+        if lanes is None:
+            if getattr(self._tls, "actor_lanes", None) is old:
+                self._tls.actor_lanes = None
+        else:
+            self._tls.actor_lanes = lanes
+
     def shared(self, key: Hashable, make: Callable[[], _T]) -> _T:
         """The node's one value for ``key``, made by ``make()`` the first time any thread asks (once, however
         many ask at the same moment). For the layers above that keep per-node state many threads reach (the
@@ -1064,7 +1077,9 @@ class Node:
         elif dst_node == self.name:
             self.deliver_local(header, body)
         else:
-            self._outbox_put(("send", dst_node, frames, header))
+            lanes = getattr(self._tls, "actor_lanes", None)  # an actor thread's own (transport/inbox.py)
+            if lanes is None or not lanes.lane_send(dst_node, header, frames):
+                self._outbox_put(("send", dst_node, frames, header))
 
     def deliver_local(
         self, header: Header, body: bytes, route: Route | None = None, *, message: Any = None

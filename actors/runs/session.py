@@ -355,6 +355,11 @@ class HostActor(ToolHostActor):
     runs the tool the same way and answers with ``prepare_provider_resume``'s decision on its outcome.
     """
 
+    # Direct on a node with endpoints: a run's loop in another process reaches it on its own socket (a
+    # lane, transport/inbox.py), with no I/O-thread hand-off on either side. It has a thread of its own
+    # anyway: the application's callbacks may block.
+    DIRECT = True
+
     def __init__(
         self,
         node: Node,
