@@ -13,11 +13,21 @@ from typing import Any
 
 from actors.app.wiring import registry
 from actors.base import DEFAULT_HOSTS, LOOP_HOSTS, BusActor, Context, HostPool
+from actors.inference.handle import PreparedRound
 from actors.router.actor import RouterActor
 from actors.router.client import RouterClient
 from actors.router.messages import StartTurn, TurnCompleted
 from actors.router.providers.base import TurnIO, TurnRequest, TurnSteps
 from actors.router.providers.scripted import ScriptedProvider
+from actors.runs.session import (
+    HostActor,
+    ProviderResume,
+    RoundPreparation,
+    SessionControl,
+    SessionRunRequest,
+    SessionToolOutcome,
+    run_session,
+)
 from transport.messages import Echo
 from transport.node import Node
 
@@ -98,3 +108,60 @@ def test_a_router_on_a_node_with_endpoints_keeps_its_thread_and_socket(
     node.spawn(RouterActor, "router", providers={"scripted": provider})
     assert turn_thread(node, provider) != loop_thread(node)
     assert node.direct_endpoints("router")  # it serves peers on its own socket, from its own thread
+
+
+class WhereHost:
+    """A session host that never blocks, noting the thread of each callback: one tool round, then done."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+
+    def _here(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def prepare_round(self, round: int) -> Any:
+        self._here()
+        prepared = PreparedRound(
+            input="go",
+            provider_input="go",
+            continuation=None,
+            model="scripted",
+            reasoning_effort="",
+            tool_description="t(x)",
+            timeout=None,
+        )
+        return RoundPreparation.Run(prepared=prepared)
+
+    def record(self, event: Any) -> None:
+        self._here()
+
+    def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
+        self._here()
+        return SessionToolOutcome.success("ok")
+
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any:
+        self._here()
+        return ProviderResume.Continue(outcome=outcome)
+
+    def complete_capture(self, capture: Any, contents: Any) -> Any:
+        return SessionControl.Complete(answer=contents)
+
+    def complete_round(self, completion: Any) -> Any:
+        self._here()
+        return SessionControl.Complete(answer=completion.answer)
+
+
+def test_a_host_that_never_blocks_may_share_the_loop_thread_with_its_runs(
+    make_node: Callable[..., Node],
+) -> None:
+    """Placed on the loop pool (README), a ``HostActor``'s callbacks run on the thread of the run and the
+    Router: a whole tool round, host calls included, hands nothing to another thread."""
+    node = make_node("n1", registry=registry())
+    provider = WhereScripted()
+    provider.add([{"call": {"name": "t", "arguments": {"x": 1}}}, {"text": "done"}])
+    node.spawn(RouterActor, "router", providers={"scripted": provider})
+    host = WhereHost()
+    HostPool.of(node, LOOP_HOSTS).spawn(HostActor, "host", host=host)
+    request = SessionRunRequest(user_id="u", operation_id=uuid.uuid4(), rounds_used=0, round_limit=1)
+    assert run_session(node, "n1/router", request, "n1/host", timeout=WAIT) == "done"
+    assert host.threads == {loop_thread(node)} == set(provider.threads)
