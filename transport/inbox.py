@@ -259,6 +259,10 @@ class SocketInbox:
             try:
                 send_envelope(sock, b"", frames[0], frames[1])
                 self._refused.pop(direct.endpoint, None)
+                if header.is_request:
+                    # As the I/O thread marks what it sends: if the peer's connection drops now, the
+                    # outcome is unknown (Unavailable), not a wait to the deadline.
+                    self._node.pending.mark_sent(header.id)
                 return True
             except zmq.Again:
                 # No live connection (immediate): not yet (a lane just opened), or no more (its actor

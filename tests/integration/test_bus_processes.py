@@ -22,7 +22,7 @@ from conftest import PeerProcess
 from peers.bus_peer import RecorderActor, StatsActor
 
 from actors.app.echo import EchoActor
-from actors.base import BusActor
+from actors.base import DEFER, LOOP_HOSTS, BusActor, Context, HostPool
 from transport import (
     BusError,
     Expired,
@@ -38,6 +38,7 @@ from transport import (
 from transport.codec import Registry, encode_header
 from transport.envelope import Header, new_id
 from transport.messages import SYSTEM_MESSAGES, Echo, EchoStream, Fail, Hold, Ping, Pong
+from transport.pending import Reply
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +212,36 @@ def test_ping_is_answered_with_pong(bus: Bus) -> None:
 
 
 # ------------------------------------------------------------------------------- a peer dies mid-request
-@pytest.mark.parametrize("path", ["blocking", "future"])
+class LaneAsker(BusActor):
+    """On the client's loop pool: asks ``data["dst"]`` an ``Echo`` (or a ``Hold`` with ``data["hold"]`` as
+    its note) and answers ``Echo(data={"error": <its class name or None>})``."""
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        hold = message.data.get("hold")
+        ask = Hold(note=hold) if hold else Echo()
+
+        def answered(reply: Reply) -> None:
+            ctx.reply(Echo(data={"error": None if reply.error is None else type(reply.error).__name__}))
+
+        self.ask(message.data["dst"], ask, answered, timeout=30)
+        return DEFER
+
+
+def lane_asker(client: Node) -> str:
+    """A LaneAsker whose way to srv/echo is the lane of its host's thread (none of its sends took the I/O
+    thread); new ones are tried until one does, each a real ask."""
+    for i in range(50):
+        name = f"lane.{i}"
+        HostPool.of(client, LOOP_HOSTS).spawn(LaneAsker, name)
+        before = client.stats["hops_to_io"]
+        reply = client.request(f"{CLI}/{name}", Echo(data={"dst": f"{SRV}/echo"}), timeout=WAIT)
+        assert reply.data == {"error": None}
+        if client.stats["hops_to_io"] == before:
+            return name
+    raise AssertionError("no asker took the lane")
+
+
+@pytest.mark.parametrize("path", ["blocking", "future", "lane"])
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_peer_killed_mid_request_gives_unavailable(
     transport: str,
@@ -242,6 +272,12 @@ def test_peer_killed_mid_request_gives_unavailable(
 
         caller = threading.Thread(target=call, name="blocked-caller")
         caller.start()
+    elif path == "lane":
+        # A hosted actor's request that left on its host thread's lane, not through the I/O thread.
+        asker = lane_asker(client)
+        hold = Echo(data={"dst": f"{SRV}/echo", "hold": "lane"})
+        future = client.request_future(f"{CLI}/{asker}", hold, timeout=40)
+        future.add_done_callback(lambda f: outcome.put(f.exception() or f.result()))
     else:
         future = client.request_future(f"{SRV}/echo", Hold(note="future"), timeout=30)
         future.add_done_callback(lambda f: outcome.put(f.exception() or f.result()))
@@ -250,6 +286,9 @@ def test_peer_killed_mid_request_gives_unavailable(
     result = outcome.get(timeout=40)
     if path == "blocking":
         caller.join(WAIT)
+    if path == "lane":
+        assert isinstance(result, Echo) and result.data == {"error": "Unavailable"}, result
+        return
     assert isinstance(result, Unavailable), f"expected Unavailable, got {result!r}"
 
 
