@@ -15,8 +15,10 @@ connected to that socket, and the answer comes back on it, into this mailbox: no
 either side. ``Node.send`` offers each remote send to the sending thread's lanes first (``lane_send``).
 Each (sender, receiver) pair keeps the way its first message took, so its order holds (MB-05): the first
 send to an unresolved receiver goes through the node and asks the peer where the receiver listens; pairs
-that start after the answer take the lane. A lane that cannot take a message (no live connection:
-``immediate``) is forgotten and the message goes through the node, as does every later one of its pairs.
+that start after the answer take the lane. A message the lane cannot take (no live connection yet or any
+more: ``immediate``; nothing is sent) goes through the node, and so does every later one of its pair; a lane
+that refuses 16 in a row is closed and its receiver resolved again. A request sent on a lane is marked sent,
+so the peer's disconnect ends it ``Unavailable`` as it ends the node's.
 A ``HostingActor``'s mailbox is one of these without a socket of its own (``serve=False``): what it hosts
 (runs, handles) then reaches a remote Router without the node's I/O thread.
 """
@@ -113,7 +115,6 @@ class SocketInbox:
         self.endpoints: tuple[str, ...] = ()
         # Lanes (owner thread only, but _directs, which the resolve's callback fills from the I/O thread).
         self._lanes: dict[str, Sock] = {}  # direct endpoint -> this thread's DEALER to it
-        self._lane_of: dict[Sock, str] = {}
         self._directs: dict[str, tuple[Peer, Peer | None]] = {}  # receiver -> (its node's peer, its own)
         self._resolving: set[str] = set()
         self._pairs: OrderedDict[tuple[str, str], Peer | None] = OrderedDict()  # the way each pair took
@@ -323,7 +324,6 @@ class SocketInbox:
             log.info("%s: no lane to %s (%s)", self._address, direct.endpoint, exc)
             return None
         self._lanes[direct.endpoint] = sock
-        self._lane_of[sock] = direct.endpoint
         self._items.append((sock, POLLIN))
         return sock
 
@@ -332,7 +332,6 @@ class SocketInbox:
         self._refused.pop(endpoint, None)
         if sock is None:
             return
-        self._lane_of.pop(sock, None)
         self._items[:] = [item for item in self._items if item[0] is not sock]  # get() holds this list
         sock.close(0)
 
