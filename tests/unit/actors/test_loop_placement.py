@@ -165,3 +165,20 @@ def test_a_host_that_never_blocks_may_share_the_loop_thread_with_its_runs(
     request = SessionRunRequest(user_id="u", operation_id=uuid.uuid4(), rounds_used=0, round_limit=1)
     assert run_session(node, "n1/router", request, "n1/host", timeout=WAIT) == "done"
     assert host.threads == {loop_thread(node)} == set(provider.threads)
+
+
+def test_on_a_node_with_endpoints_a_host_placed_on_the_loop_keeps_its_thread_and_socket(
+    make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """README: a ``HostActor`` is direct; on a node with endpoints the pool gives it a thread of its own,
+    where it serves remote runs on its own socket."""
+    node = make_node("n1", registry=registry(), bind=[f"ipc://{tmp_path}/n1"])
+    provider = WhereScripted()
+    provider.add([{"call": {"name": "t", "arguments": {"x": 1}}}, {"text": "done"}])
+    node.spawn(RouterActor, "router", providers={"scripted": provider})
+    host = WhereHost()
+    HostPool.of(node, LOOP_HOSTS).spawn(HostActor, "host", host=host)
+    request = SessionRunRequest(user_id="u", operation_id=uuid.uuid4(), rounds_used=0, round_limit=1)
+    assert run_session(node, "n1/router", request, "n1/host", timeout=WAIT) == "done"
+    assert loop_thread(node) not in host.threads and len(host.threads) == 1
+    assert node.direct_endpoints("host")
