@@ -151,19 +151,26 @@ class WhereHost:
         return SessionControl.Complete(answer=completion.answer)
 
 
-def test_a_host_that_never_blocks_may_share_the_loop_thread_with_its_runs(
-    make_node: Callable[..., Node],
-) -> None:
-    """Placed on the loop pool (README), a ``HostActor``'s callbacks run on the thread of the run and the
-    Router: a whole tool round, host calls included, hands nothing to another thread."""
-    node = make_node("n1", registry=registry())
+def tool_round_with_host_on_the_loop(node: Node) -> tuple[WhereHost, WhereScripted]:
+    """One ``run_session`` tool round on ``node``, its ``HostActor`` placed on the loop pool (README); the
+    host and the provider, with the threads they ran on."""
     provider = WhereScripted()
     provider.add([{"call": {"name": "t", "arguments": {"x": 1}}}, {"text": "done"}])
     node.spawn(RouterActor, "router", providers={"scripted": provider})
     host = WhereHost()
     HostPool.of(node, LOOP_HOSTS).spawn(HostActor, "host", host=host)
     request = SessionRunRequest(user_id="u", operation_id=uuid.uuid4(), rounds_used=0, round_limit=1)
-    assert run_session(node, "n1/router", request, "n1/host", timeout=WAIT) == "done"
+    assert run_session(node, f"{node.name}/router", request, f"{node.name}/host", timeout=WAIT) == "done"
+    return host, provider
+
+
+def test_a_host_that_never_blocks_may_share_the_loop_thread_with_its_runs(
+    make_node: Callable[..., Node],
+) -> None:
+    """Placed on the loop pool (README), a ``HostActor``'s callbacks run on the thread of the run and the
+    Router: a whole tool round, host calls included, hands nothing to another thread."""
+    node = make_node("n1", registry=registry())
+    host, provider = tool_round_with_host_on_the_loop(node)
     assert host.threads == {loop_thread(node)} == set(provider.threads)
 
 
@@ -173,12 +180,6 @@ def test_on_a_node_with_endpoints_a_host_placed_on_the_loop_keeps_its_thread_and
     """README: a ``HostActor`` is direct; on a node with endpoints the pool gives it a thread of its own,
     where it serves remote runs on its own socket."""
     node = make_node("n1", registry=registry(), bind=[f"ipc://{tmp_path}/n1"])
-    provider = WhereScripted()
-    provider.add([{"call": {"name": "t", "arguments": {"x": 1}}}, {"text": "done"}])
-    node.spawn(RouterActor, "router", providers={"scripted": provider})
-    host = WhereHost()
-    HostPool.of(node, LOOP_HOSTS).spawn(HostActor, "host", host=host)
-    request = SessionRunRequest(user_id="u", operation_id=uuid.uuid4(), rounds_used=0, round_limit=1)
-    assert run_session(node, "n1/router", request, "n1/host", timeout=WAIT) == "done"
+    host, _ = tool_round_with_host_on_the_loop(node)
     assert loop_thread(node) not in host.threads and len(host.threads) == 1
     assert node.direct_endpoints("host")
