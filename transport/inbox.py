@@ -240,7 +240,8 @@ class SocketInbox:
     # ------------------------------------------------------------------------------- lanes
     def lane_send(self, dst_node: str, header: Header, frames: list[bytes]) -> bool:
         """Send ``frames`` on this thread's lane to ``header.dst`` if its pair takes one; False: the caller
-        sends through the node (nothing was sent here)."""
+        sends through the node (nothing was sent here). True also when a request the lane could not take
+        had already ended (its peer's disconnect failed it): there is nothing left to send."""
         dst = header.dst
         if dst.endswith("/node"):
             return False  # the peer node itself (the resolve below goes there): never a direct actor
@@ -256,31 +257,35 @@ class SocketInbox:
         if direct is None:
             return False
         sock = self._lanes.get(direct.endpoint) or self._open_lane(direct)
+        ended = False  # the request ended meanwhile (its peer's disconnect): the caller has nothing to send
         if sock is not None:
+            pending = self._node.pending
+            if header.is_request:
+                # Marked sent *before* it leaves: the peer's connection may drop (and the I/O thread fail
+                # what was sent over it, Unavailable) before this thread runs again; marked after, the
+                # request would miss that and wait out its deadline.
+                pending.mark_sent(header.id)
             try:
                 send_envelope(sock, b"", frames[0], frames[1])
                 self._refused.pop(direct.endpoint, None)
-                if header.is_request:
-                    # As the I/O thread marks what it sends: if the peer's connection drops now, the
-                    # outcome is unknown (Unavailable), not a wait to the deadline.
-                    self._node.pending.mark_sent(header.id)
                 return True
             except zmq.Again:
                 # No live connection (immediate): not yet (a lane just opened), or no more (its actor
                 # stopped). Nothing was sent; this pair goes through the node. A lane that keeps refusing is
                 # dropped and its receiver asked again.
+                ended = header.is_request and not pending.mark_sent(header.id, sent=False)
                 refused = self._refused.get(direct.endpoint, 0) + 1
                 self._refused[direct.endpoint] = refused
                 if refused < _LANE_REFUSALS:
                     pairs[key] = None
-                    return False
+                    return ended
             except zmq.ZMQError:
-                pass
+                ended = header.is_request and not pending.mark_sent(header.id, sent=False)
             self._close_lane(direct.endpoint)
         pairs[key] = None
         self._directs.pop(dst, None)
         self._node.stats.incr("direct_fallbacks")
-        return False
+        return ended
 
     def _direct_for(self, dst_node: str, dst: str) -> Peer | None:
         """The peer entry of ``dst``'s own socket if known for the peer ``dst_node`` is now; else None, and

@@ -178,11 +178,15 @@ class PendingTable:
         _deliver(entry, reply)
         return True
 
-    def mark_sent(self, request_id: bytes) -> None:
+    def mark_sent(self, request_id: bytes, sent: bool = True) -> bool:
+        """Mark a request as having left (a lost connection then ends it ``Unavailable``), or, with
+        ``sent=False``, as not having left after all. False: it has already ended."""
         with self._lock:
             entry = self._entries.get(request_id)
-            if entry is not None:
-                entry.sent = True
+            if entry is None:
+                return False
+            entry.sent = sent
+            return True
 
     def fail_peer(self, peer: str, error_for: Callable[[PendingRequest], BusError]) -> int:
         """End every request in flight over ``peer`` (its connection dropped): those already sent."""

@@ -1,7 +1,8 @@
 """An actor thread's lanes (transport/inbox.py): a hosted actor's sends to a peer's direct actor leave on a
 socket its host's thread owns and their answers come back on it, with no I/O-thread hand-off; each
 (sender, receiver) pair keeps the way its first message took (MB-05); a lane to an actor that stopped is
-dropped and the node's path answers (issue 15, item 6). Two nodes over real ipc sockets."""
+dropped and the node's path answers (issue 15, item 6); a disconnect as a request leaves on a lane ends it
+Unavailable. Two nodes over real ipc sockets."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from actors.app.echo import EchoActor
 from actors.app.wiring import registry
 from actors.base import DEFER, LOOP_HOSTS, BusActor, Context, HostPool
-from transport import Node, Peer
+from transport import Node, Peer, inbox
 from transport.errors import Expired, NotDelivered, Unavailable
 from transport.messages import Echo
 from transport.pending import Reply
@@ -120,3 +121,23 @@ def test_a_lane_to_an_actor_that_stopped_gives_way_to_the_nodes_answer(pair: tup
         if error == NotDelivered.__name__:
             return
     raise AssertionError("the node's NotDelivered never came back")
+
+
+def test_a_disconnect_as_a_request_leaves_on_a_lane_ends_it_unavailable(
+    pair: tuple[Node, Node, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peer's connection drops (the I/O thread fails what was sent over it) just as a request leaves on
+    a lane, before the lane's thread runs again: the request ends Unavailable, not at its deadline. The
+    drop is faked at that frame (``fail_peer`` called from inside the send), where no real peer can be made
+    to die; without the fake the echo would answer."""
+    client, _, _ = pair
+    name, _ = until_a_lane(client)
+    real_send = inbox.send_envelope
+
+    def send_then_drop(sock: Any, *frames: bytes) -> None:
+        real_send(sock, *frames)
+        client.pending.fail_peer("srv", lambda _: Unavailable("srv disconnected (faked at this frame)"))
+
+    monkeypatch.setattr(inbox, "send_envelope", send_then_drop)
+    data, hops = asks(client, n=1, name=name)
+    assert data == {"error": Unavailable.__name__} and hops == 0
