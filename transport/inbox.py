@@ -241,7 +241,7 @@ class SocketInbox:
     def lane_send(self, dst_node: str, header: Header, frames: list[bytes]) -> bool:
         """Send ``frames`` on this thread's lane to ``header.dst`` if its pair takes one; False: the caller
         sends through the node (nothing was sent here). True also when a request the lane could not take
-        had already ended (its peer's disconnect failed it): there is nothing left to send."""
+        had ended already (a disconnect failed it, or its deadline passed): nothing is left to do."""
         dst = header.dst
         if dst.endswith("/node"):
             return False  # the peer node itself (the resolve below goes there): never a direct actor
@@ -257,7 +257,7 @@ class SocketInbox:
         if direct is None:
             return False
         sock = self._lanes.get(direct.endpoint) or self._open_lane(direct)
-        ended = False  # the request ended meanwhile (its peer's disconnect): the caller has nothing to send
+        ended = False  # the request ended meanwhile (a disconnect, its deadline): nothing left to send
         if sock is not None:
             pending = self._node.pending
             if header.is_request:
