@@ -15,9 +15,11 @@ connected to that socket, and the answer comes back on it, into this mailbox: no
 either side. ``Node.send`` offers each remote send to the sending thread's lanes first (``lane_send``).
 Each (sender, receiver) pair keeps the way its first message took, so its order holds (MB-05): the first
 send to an unresolved receiver goes through the node and asks the peer where the receiver listens; pairs
-that start after the answer take the lane. A message the lane cannot take (no live connection yet or any
-more: ``immediate``; nothing is sent) goes through the node, and so does every later one of its pair; a lane
-that refuses 16 in a row is closed and its receiver resolved again. A request sent on a lane is marked sent,
+that start after the answer take the lane. An answer of no socket of its own (or none) holds for
+``RESOLVE_AGAIN_AFTER`` seconds; a pair that starts later asks again (the receiver may have been starting).
+A message the lane cannot take (no live connection yet or any more: ``immediate``; nothing is sent) goes
+through the node, and so does every later one of its pair; a lane that refuses 16 in a row is closed and
+its receiver resolved again. A request sent on a lane is marked sent,
 so the peer's disconnect ends it ``Unavailable`` as it ends the node's.
 A ``HostingActor``'s mailbox is one of these without a socket of its own (``serve=False``): what it hosts
 (runs, handles) then reaches a remote Router without the node's I/O thread.
@@ -68,6 +70,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _CLOSE_LINGER_MS = 500
 _LANE_REFUSALS = 16  # sends a lane may refuse in a row (no connection) before it is dropped
 _RESOLVE_TIMEOUT = 5.0  # seconds a lane's resolve waits for the peer; meanwhile the node's path is taken
+# Seconds (node clock) a "no socket of its own" answer, or no answer, holds before a pair that starts later
+# asks again: the receiver may have been starting (it binds on its own thread) or its peer slow to answer.
+RESOLVE_AGAIN_AFTER = 10.0
 
 
 def sibling_endpoint(endpoint: str, node: str, actor: str) -> str | None:
@@ -115,7 +120,8 @@ class SocketInbox:
         self.endpoints: tuple[str, ...] = ()
         # Lanes (owner thread only, but _directs, which the resolve's callback fills from the I/O thread).
         self._lanes: dict[str, Sock] = {}  # direct endpoint -> this thread's DEALER to it
-        self._directs: dict[str, tuple[Peer, Peer | None]] = {}  # receiver -> (its node's peer, its own)
+        # receiver -> (its node's peer, its own socket's, when a "none" answer is asked again)
+        self._directs: dict[str, tuple[Peer, Peer | None, float]] = {}
         self._resolving: set[str] = set()
         self._pairs: OrderedDict[tuple[str, str], Peer | None] = OrderedDict()  # the way each pair took
         self._refused: dict[str, int] = {}  # lane endpoint -> sends it refused in a row
@@ -289,13 +295,14 @@ class SocketInbox:
 
     def _direct_for(self, dst_node: str, dst: str) -> Peer | None:
         """The peer entry of ``dst``'s own socket if known for the peer ``dst_node`` is now; else None, and
-        the peer is asked (once) where ``dst`` listens, for the pairs that start later."""
+        the peer is asked (once at a time, and again once a "none" is ``RESOLVE_AGAIN_AFTER`` old) where
+        ``dst`` listens, for the pairs that start later."""
         node = self._node
         peer = node.peer(dst_node)
         if peer is None:
             return None
         known = self._directs.get(dst)
-        if known is not None and known[0] is peer:
+        if known is not None and known[0] is peer and (known[1] is not None or node.monotonic() < known[2]):
             return known[1]
         if dst not in self._resolving:
             self._resolving.add(dst)
@@ -306,8 +313,8 @@ class SocketInbox:
                     answer = future.result(0)
                 except BaseException:  # noqa: BLE001 - not resolved: the node's path stays the way
                     answer = None
-                endpoints = answer.endpoints if isinstance(answer, Resolved) else ()
-                directs[dst] = (peer, pick_direct(peer, endpoints))
+                direct = pick_direct(peer, answer.endpoints if isinstance(answer, Resolved) else ())
+                directs[dst] = (peer, direct, node.monotonic() + RESOLVE_AGAIN_AFTER)
                 resolving.discard(dst)
 
             try:

@@ -1,12 +1,14 @@
 """An actor thread's lanes (transport/inbox.py): a hosted actor's sends to a peer's direct actor leave on a
 socket its host's thread owns and their answers come back on it, with no I/O-thread hand-off; each
 (sender, receiver) pair keeps the way its first message took (MB-05); a lane to an actor that stopped is
-dropped and the node's path answers (issue 15, item 6); a disconnect as a request leaves on a lane ends it
+dropped and the node's path answers (issue 15, item 6); a "no socket of its own" answer is asked again
+later; a disconnect as a request leaves on a lane ends it
 Unavailable. Two nodes over real ipc sockets."""
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,12 +50,27 @@ class Asker(BusActor):
         self.ask(self._dst, Echo(seq=len(self._got)), self._next, timeout=2.0)
 
 
+def started_echo(server: Node) -> Any:
+    """srv/echo, once it has answered: its thread binds its own socket before it reads anything, so from
+    then on the node's answer to a resolve names that socket."""
+    echo = server.spawn(EchoActor, "echo")
+    server.request("srv/echo", Echo(), timeout=WAIT)
+    return echo
+
+
+def connected_client(make_node: Callable[..., Node], ipc_dir: Path, **kwargs: Any) -> Node:
+    """A node connected to srv, its handshake done: an actor's first send there finds the connection (an
+    actor's send to a peer not connected yet is NotDelivered at once)."""
+    client = make_node("cli", registry=registry(), **kwargs)
+    client.connect(Peer("srv", f"ipc://{ipc_dir}/srv.sock"), wait=WAIT)
+    return client
+
+
 @pytest.fixture
 def pair(make_node: Callable[..., Node], ipc_dir: Path) -> tuple[Node, Node, Any]:
     server = make_node("srv", registry=registry(), bind=[f"ipc://{ipc_dir}/srv.sock"])
-    echo = server.spawn(EchoActor, "echo")
-    client = make_node("cli", registry=registry(), peers=[Peer("srv", f"ipc://{ipc_dir}/srv.sock")])
-    return client, server, echo
+    echo = started_echo(server)
+    return connected_client(make_node, ipc_dir), server, echo
 
 
 names = itertools.count()
@@ -104,6 +121,28 @@ def test_mb05_a_pair_that_began_through_the_node_stays_there(pair: tuple[Node, N
     until_a_lane(client)
     data, hops = asks(client, name=name)
     assert data == {"seqs": list(range(ASKS))} and hops == ASKS
+
+
+def test_a_receiver_without_its_own_socket_yet_is_asked_again_later(
+    make_node: Callable[..., Node], ipc_dir: Path
+) -> None:
+    """A resolve answered before the receiver had its own socket (it binds on its own thread, so a peer may
+    ask while it starts, or before it exists) holds ``RESOLVE_AGAIN_AFTER`` seconds of the asking node's
+    clock: pairs that start meanwhile go through the node; one that starts later asks again, and the pairs
+    after the new answer take the lane."""
+    skew = [0.0]
+    server = make_node("srv", registry=registry(), bind=[f"ipc://{ipc_dir}/srv.sock"])
+    client = connected_client(make_node, ipc_dir, monotonic=lambda: time.monotonic() + skew[0])
+    data, hops = asks(client, n=1)
+    assert data == {"error": NotDelivered.__name__} and hops == 2  # the resolve, and the ask
+    started_echo(server)
+    data, hops = asks(client)
+    assert data == {"seqs": list(range(ASKS))} and hops == ASKS  # the answer holds: no second resolve
+    skew[0] += inbox.RESOLVE_AGAIN_AFTER
+    data, hops = asks(client)
+    assert data == {"seqs": list(range(ASKS))} and hops == ASKS + 1  # asked again
+    _, data = until_a_lane(client)
+    assert data == {"seqs": list(range(ASKS))}
 
 
 def test_a_lane_to_an_actor_that_stopped_gives_way_to_the_nodes_answer(pair: tuple[Node, Node, Any]) -> None:
