@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from actors.inference.handle import Close, Event, FinishUnavailable, NextEvent, Respond
+from actors.inference.handle import Close, Event, FinishUnavailable, NextEvent, Respond, RespondAndRead
 from actors.types import ResolvedAgentModel, ToolResult, UsageReceipt
 from transport.errors import NotDelivered, Unavailable
 from transport.messages import Ok
@@ -99,6 +99,19 @@ class SessionInference:
         self, call_id: str, result: ToolResult, *, timeout: float | None = None, read_on: bool = False
     ) -> concurrent.futures.Future[Any]:
         return self._future(Respond(call_id=call_id, result=result, read_on=read_on), timeout, _none)
+
+    def respond_and_read(
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> Event | None:
+        """``respond``, then ``next_event``, in one exchange with the handle (``RespondAndRead``): the next
+        event, or None when the stream closed without completion. A respond error is raised as ``respond``
+        raises it, and the call is answerable again (SI-11); a read error as ``next_event`` raises it."""
+        return _event_or_none(self._call(RespondAndRead(call_id=call_id, result=result), timeout))
+
+    def respond_and_read_future(
+        self, call_id: str, result: ToolResult, *, timeout: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self._future(RespondAndRead(call_id=call_id, result=result), timeout, _event_or_none)
 
     def finish_unavailable(self, *, timeout: float | None = None) -> UsageReceipt:
         return self._call(FinishUnavailable(), timeout)  # type: ignore[no-any-return]

@@ -187,6 +187,19 @@ class Respond:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RespondAndRead:
+    """Answer a surfaced tool call, then read: answered with what a ``NextEvent`` asked right after a
+    successful respond would get (an event, ``Ok`` for a stream closed without completion, or the read's
+    error), or with the respond's own error (SI-11: the call is then answerable again). One exchange with
+    the loop where ``Respond`` then ``NextEvent`` are two; the Router reads on (``RespondCall.read_on``)
+    when no other read is in flight or held."""
+
+    TAG: ClassVar[str] = "si.respond_and_read"
+    call_id: str
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FinishUnavailable:
     TAG: ClassVar[str] = "si.finish_unavailable"
 
@@ -234,6 +247,7 @@ INFERENCE_MESSAGES = (
     InferenceStarted,
     NextEvent,
     Respond,
+    RespondAndRead,
     FinishUnavailable,
     Close,
 )
@@ -357,17 +371,19 @@ def _init_record(node: Node, *options: Any) -> bytes:
 
 
 class ReadOn:
-    """The continuation of a ``RespondCall(read_on=True)``: its partial ``Ok`` answers the caller's
-    ``Respond``, and its final reply is the read that follows (``_on_read``). A final reply with no partial
-    before it is the respond's own answer: its error, or ``Ok`` from a Router that does not read on, and
-    the next ``NextEvent`` then reads as usual."""
+    """The continuation of a ``RespondCall(read_on=True)``: its partial ``Ok`` is the respond's success,
+    and its final reply is the read that follows (``_on_read``). On that success a ``Respond``'s caller is
+    answered ``Ok``, and a ``RespondAndRead``'s caller (``and_read``) becomes the first reader in line for
+    that read. A final reply with no partial before it is the respond's own answer: its error, or ``Ok``
+    from a Router that does not read on, and the next read is then made as usual."""
 
-    __slots__ = ("_actor", "_call_id", "_ctx", "_taken")
+    __slots__ = ("_actor", "_and_read", "_call_id", "_ctx", "_taken")
 
-    def __init__(self, actor: InferenceHandleActor, ctx: Context, call_id: str) -> None:
+    def __init__(self, actor: InferenceHandleActor, ctx: Context, call_id: str, *, and_read: bool) -> None:
         self._actor = actor
         self._ctx = ctx
         self._call_id = call_id
+        self._and_read = and_read
         self._taken = False
 
     def __call__(self, reply: Reply) -> None:
@@ -375,8 +391,7 @@ class ReadOn:
         if not reply.final:
             if not self._taken:
                 self._taken = True
-                if not self._ctx.done:
-                    self._ctx.reply(Ok())
+                actor._responded(self._ctx, and_read=self._and_read)
             return
         if self._taken:
             actor._on_read(reply)
@@ -384,7 +399,7 @@ class ReadOn:
         state = actor._state
         if isinstance(state, Active):
             actor._state = replace(state, reading=False)
-        actor._on_responded(self._ctx, self._call_id, reply)
+        actor._on_responded(self._ctx, self._call_id, reply, and_read=self._and_read)
         actor._pump()
 
 
@@ -445,7 +460,7 @@ class InferenceHandleActor(BusActor):
             case Starting(), AwaitStarted():
                 self._state = replace(state, waiters=(*state.waiters, ctx))
                 return DEFER
-            case Starting(), NextEvent() | Respond() | FinishUnavailable() | Close():
+            case Starting(), NextEvent() | Respond() | RespondAndRead() | FinishUnavailable() | Close():
                 self._state = replace(state, queued=(*state.queued, (message, ctx)))
                 return DEFER
             case Active(), AwaitStarted():
@@ -455,24 +470,10 @@ class InferenceHandleActor(BusActor):
                 self._pump()
                 return DEFER
             case Active(), Respond(call_id=call_id, result=result, read_on=read_on):
-                if call_id not in state.surfaced:
-                    raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
-                # Read on only when that read would be the next one anyway: none in flight, none held.
-                read_on = read_on and not state.reading and not state.buffered
-                self._state = replace(state, surfaced=state.surfaced - {call_id}, reading=read_on)
-                respond = RespondCall(
-                    operation_id=state.operation_id, call_id=call_id, result=result, read_on=read_on
-                )
-                if read_on:
-                    self.ask(
-                        self._router,
-                        respond,
-                        ReadOn(self, ctx, call_id),
-                        timeout=self._read_timeout,
-                        stream=True,
-                    )
-                else:
-                    self.ask(self._router, respond, lambda reply: self._on_responded(ctx, call_id, reply))
+                self._respond(state, ctx, call_id, result, read_on=read_on, and_read=False)
+                return DEFER
+            case Active(), RespondAndRead(call_id=call_id, result=result):
+                self._respond(state, ctx, call_id, result, read_on=True, and_read=True)
                 return DEFER
             case Active(), FinishUnavailable():
                 self._state = replace(state, accountants=(*state.accountants, ctx))
@@ -496,7 +497,7 @@ class InferenceHandleActor(BusActor):
             case Terminal(), Close():
                 self.stop()
                 return None
-            case Terminal(why=why), NextEvent() | Respond() | FinishUnavailable():
+            case Terminal(why=why), NextEvent() | Respond() | RespondAndRead() | FinishUnavailable():
                 raise HandleTerminated(why)  # SI-13: the Router is not contacted
         raise ProtocolError(f"the inference handle does not handle {type(message).__name__}")
 
@@ -617,9 +618,43 @@ class InferenceHandleActor(BusActor):
                 self._terminate("the provider turn completed")  # SI-08
 
     # ------------------------------------------------------------------------ respond / account
-    def _on_responded(self, ctx: Context, call_id: str, reply: Reply) -> None:
+    def _respond(
+        self, state: Active, ctx: Context, call_id: str, result: ToolResult, *, read_on: bool, and_read: bool
+    ) -> None:
+        if call_id not in state.surfaced:
+            raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
+        # Read on only when that read would be the next one anyway: none in flight, none held.
+        read_on = read_on and not state.reading and not state.buffered
+        self._state = replace(state, surfaced=state.surfaced - {call_id}, reading=read_on)
+        respond = RespondCall(
+            operation_id=state.operation_id, call_id=call_id, result=result, read_on=read_on
+        )
+        if read_on:
+            then: Any = ReadOn(self, ctx, call_id, and_read=and_read)
+            self.ask(self._router, respond, then, timeout=self._read_timeout, stream=True)
+        else:
+            self.ask(
+                self._router,
+                respond,
+                lambda reply: self._on_responded(ctx, call_id, reply, and_read=and_read),
+            )
+
+    def _responded(self, ctx: Context, *, and_read: bool) -> None:
+        """The respond succeeded: a ``Respond`` is answered; a ``RespondAndRead`` waits for the next read."""
+        if not and_read:
+            if not ctx.done:
+                ctx.reply(Ok())
+            return
+        state = self._state
+        if isinstance(state, Active):
+            self._state = replace(state, readers=(*state.readers, ctx))
+        elif isinstance(state, Terminal) and not ctx.done:
+            ctx.fail(HandleTerminated(state.why))  # ended (accounted, closed) as the respond went out
+
+    def _on_responded(self, ctx: Context, call_id: str, reply: Reply, *, and_read: bool = False) -> None:
         if reply.error is None:
-            ctx.reply(Ok())
+            self._responded(ctx, and_read=and_read)
+            self._pump()
             return
         error = inference_error(reply.error)
         state = self._state

@@ -38,6 +38,7 @@ from actors.inference.handle import (
     InferenceHandleActor,
     PreparedRound,
     Respond,
+    RespondAndRead,
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
@@ -52,6 +53,7 @@ from actors.runs.machine import (
     Failed,
     Finish,
     Idle,
+    Reading,
     Refuse,
     RoundActor,
     Run,
@@ -483,10 +485,10 @@ class Resuming:
 
 @dataclass(frozen=True, slots=True)
 class Responding:
-    """The native response sent (RS-14); ``stop``: the amended outcome's (RS-24)."""
+    """The native response of an outcome with ``stop`` sent (RS-14, RS-24); the turn is accounted next.
+    (Without ``stop`` the response and the next read are one ask, made in ``Reading``.)"""
 
     run: Run[SessionFacts]
-    stop: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,8 +626,15 @@ class SessionFlavor:
                         )
                     )
                 result = ToolResult(success=o.ok, output=o.text)
-                respond = Respond(call_id=call_id, result=result, read_on=not o.stop)  # RS-36: reads on
-                return Step(Responding(run, o.stop), (Ask(Target.HANDLE, respond),))
+                if o.stop:  # RS-24: respond, then account; no read
+                    return Step(
+                        Responding(run), (Ask(Target.HANDLE, Respond(call_id=call_id, result=result)),)
+                    )
+                # RS-36: the next event is read only once this call's response is carried out; the handle
+                # answers with it (a respond error comes back as the answer: RS-33 as for a read, RS-30).
+                return Step(
+                    Reading(run), (Ask(Target.HANDLE, RespondAndRead(call_id=call_id, result=result)),)
+                )
             case Resuming(run=run), Answered(value=ProviderResume.Complete(answer=answer)):  # RS-15, 18, 25
                 return account(self, run, Succeed(answer))
             case Resuming(run=run), Answered(value=ProviderResume.RestartFresh()):  # RS-16, 17, 20, 26
@@ -636,10 +645,8 @@ class SessionFlavor:
                 )
             case Responding(run=run), Failed(error=error):  # RS-33
                 return failed_with(self, run, error)
-            case Responding(run=run, stop=True), Answered():  # RS-24
+            case Responding(run=run), Answered():  # RS-24
                 return account(self, run, Succeed(None))
-            case Responding(run=run), Answered():  # RS-36: the next call only after this one's response
-                return read(run)
             case Completing(run=run), Answered(value=SessionControl.Continue()):  # RS-27
                 return self.then(run)
             case Completing(run=run), Answered(value=SessionControl.Complete(answer=answer)):

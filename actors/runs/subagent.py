@@ -28,7 +28,7 @@ from actors.errors import Broken, Cancelled, Invalid
 from actors.inference.handle import (
     InferenceHandleActor,
     PreparedRound,
-    Respond,
+    RespondAndRead,
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
@@ -50,6 +50,7 @@ from actors.runs.machine import (
     Failed,
     Finish,
     Idle,
+    Reading,
     Refuse,
     RoundActor,
     Run,
@@ -468,11 +469,6 @@ class SubmittingInput:
 
 
 @dataclass(frozen=True, slots=True)
-class RespondingTool:
-    run: Run[SubagentFacts]
-
-
-@dataclass(frozen=True, slots=True)
 class Capturing:
     run: Run[SubagentFacts]
 
@@ -782,13 +778,12 @@ class SubagentFlavor:
                 submit = Ask(Target.ROUTER, SubmitInput(operation_id=run.op, input=rendered), boundary=False)
                 return Step(SubmittingInput(run, call_id, result), (submit,))
             case SubmittingInput(run=run, call_id=call_id, result=result), Answered():
-                answer = Respond(call_id=call_id, result=result, read_on=True)  # it reads on after
-                respond = Ask(Target.HANDLE, answer, boundary=False)
-                return Step(RespondingTool(run), (respond,))
-            case SubmittingInput(run=run) | RespondingTool(run=run), Failed(error=error):
+                # The response and the next read in one ask: the answer is the next event, or the
+                # respond's error (failed_with, as for a read). A boundary, as the read after it was.
+                respond = Ask(Target.HANDLE, RespondAndRead(call_id=call_id, result=result))
+                return Step(Reading(run), (respond,))
+            case SubmittingInput(run=run), Failed(error=error):
                 return failed_with(self, run, error)
-            case RespondingTool(run=run), Answered():
-                return read(run)
             case Capturing(run=run), Answered(value=outcome):
                 match outcome:  # SA-24
                     case ToolOutcome(ok=False, text=text):

@@ -48,6 +48,7 @@ from actors.router.messages import (
     RespondCall,
     RouterError,
     StartTurn,
+    TurnClosed,
     TurnCompleted,
     TurnInput,
     TurnStarted,
@@ -181,9 +182,14 @@ class FakeRouter:
         respond_errors: list[RouterError | None] | None = None,
         finish_errors: list[RouterError | None] | None = None,
         reads_on: bool = False,
+        hold_respond: bool = False,
     ) -> None:
         self.start_error = start_error
         self.reads_on = reads_on  # answers RespondCall(read_on=True) as the real Router does
+        # a fake's order no real Router shows on cue: a respond's success answered only after the next
+        # FinishUnavailable's receipt (the turn accounted as the respond went out)
+        self.hold_respond = hold_respond
+        self.held: Context | None = None
         self.events = list(events or [])
         self.respond_errors = list(respond_errors or [])
         self.finish_errors = list(finish_errors or [])
@@ -232,6 +238,9 @@ class FakeRouterActor(BusActor):
                 error = plan.respond_errors.pop(0) if plan.respond_errors else None
                 if error is not None:
                     raise error
+                if plan.hold_respond:
+                    plan.held = ctx
+                    return DEFER
                 if plan.reads_on and read_on and ctx.header.flow == "stream":
                     ctx.partial(Ok())
                     return self._read()
@@ -240,6 +249,10 @@ class FakeRouterActor(BusActor):
                 error = plan.finish_errors.pop(0) if plan.finish_errors else None
                 if error is not None:
                     raise error
+                if plan.held is not None:
+                    ctx.reply(plan.receipt())
+                    plan.held.partial(Ok())  # then the read, which never comes: the turn is over
+                    return DEFER
                 return plan.receipt()
             case CancelOperation(operation_id=op):
                 return OperationsCancelled(operation_ids=(op,))
@@ -646,6 +659,80 @@ def test_a_read_that_fails_after_a_taken_respond_fails_the_next_event_not_the_re
         si.next_event(timeout=WAIT)
     assert err.value.__cause__ == cause
     assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+
+
+# RespondAndRead: the respond and the read after it in one exchange with the handle (the round loops' way).
+
+
+def test_respond_and_read_answers_with_the_next_event_in_one_router_exchange(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=True)
+    assert isinstance(si.respond_and_read("c1", OK, timeout=WAIT), SessionInferenceEvent.Completed)
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+    (respond,) = (c for c in router.calls if isinstance(c, RespondCall))
+    assert respond.read_on and respond.call_id == "c1"
+
+
+def test_respond_and_read_reads_with_its_own_request_from_a_router_that_does_not_read_on(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), ktool("c2"), TurnClosed()])
+    event = si.respond_and_read("c1", OK, timeout=WAIT)
+    assert isinstance(event, SessionInferenceEvent.ToolCall) and event.call_id == "c2"
+    assert si.respond_and_read("c2", OK, timeout=WAIT) is None  # SI-09: closed without completion
+    assert kinds(router.calls)[2:] == ["RespondCall", "NextTurnEvent"] * 2
+
+
+def test_si11_a_failed_respond_and_read_raises_the_respond_error_and_the_call_stays_answerable(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    """SI-11: the respond's error is the answer (no read was made), the handle stays available, and the
+    call can be answered again."""
+    cause = ProviderFailed("the provider connection dropped")
+    plan: dict[str, Any] = {"events": [ktool("c1"), completed], "respond_errors": [cause], "reads_on": True}
+    router, si = reading_handle(fake, handles, **plan)
+    with pytest.raises(InferenceError) as err:
+        si.respond_and_read("c1", OK, timeout=WAIT)
+    assert err.value.__cause__ == cause and err.value.receipt is None
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+    assert isinstance(si.respond_and_read("c1", OK, timeout=WAIT), SessionInferenceEvent.Completed)
+
+
+def test_a_read_that_fails_after_a_taken_respond_and_read_raises_the_read_error(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    cause = ProviderFailed("the stream broke")
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=True)
+    with pytest.raises(InferenceError) as err:
+        si.respond_and_read("c1", OK, timeout=WAIT)
+    assert err.value.__cause__ == cause
+    with pytest.raises(InvalidCallId):
+        si.respond("c1", OK, timeout=WAIT)  # the respond was taken: c1 is answered
+    assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
+
+
+def test_si12_respond_and_read_on_a_turn_accounted_as_it_responded_ends_terminated(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    """SI-12: the turn is accounted while the respond is out (the fake answers the respond only after the
+    receipt): the read that would follow can never come, so the caller learns the handle is used up."""
+    router, si = reading_handle(fake, handles, events=[ktool("c1")], reads_on=True, hold_respond=True)
+    pending = si.respond_and_read_future("c1", OK, timeout=WAIT)
+    assert si.finish_unavailable(timeout=WAIT) in router.issued
+    with pytest.raises(HandleTerminated):
+        pending.result(timeout=WAIT)
+
+
+def test_si13_respond_and_read_after_termination_does_not_reach_the_router(
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+) -> None:
+    router, si = reading_handle(fake, handles, events=[ktool("c1")], reads_on=True)
+    si.finish_unavailable(timeout=WAIT)
+    calls = len(router.calls)
+    with pytest.raises(HandleTerminated):
+        si.respond_and_read("c1", OK, timeout=WAIT)
+    assert len(router.calls) == calls
 
 
 def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_next_event(

@@ -12,10 +12,12 @@ import pytest
 
 from actors.inference.handle import (
     FinishUnavailable,
+    InferenceError,
     InferenceStarted,
     NextEvent,
     PreparedRound,
     Respond,
+    RespondAndRead,
     SessionInferenceEvent,
 )
 from actors.router.messages import CountTokens, ResolveModel, SubmitInput, TokenCount
@@ -207,10 +209,10 @@ def test_rs11_rs13_rs14_rs22_rs23_one_tool_round_as_effects() -> None:
     )
     amended = SessionToolOutcome(text="b", ok=False, finish_after_round=True)
     assert asked(drive.answer(ProviderResume.Continue(outcome=amended))) == [
-        # RS-14: the amended one; the loop reads on after it (RS-36), so the handle may read in the same go
-        Respond(call_id="c1", result=ToolResult(success=False, output="b"), read_on=True)
+        # RS-14: the amended one; RS-36: the next event is read after it, in the same ask
+        RespondAndRead(call_id="c1", result=ToolResult(success=False, output="b"))
     ]
-    assert asked(drive.answer(None)) == [NextEvent()]  # RS-36
+    assert isinstance(drive.state, m.Reading)
     done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt())
     effects = drive.answer(done)
     assert isinstance(effects[0], m.Close)
@@ -305,6 +307,31 @@ def test_cancel_during_a_read_interrupts_it_and_records_the_one_receipt_once() -
     assert isinstance(abort, m.Abort) and isinstance(abort.error, SessionCancelled)
 
 
+def test_rs33_a_failed_respond_and_read_accounts_then_raises_the_respond_error() -> None:
+    """RS-33 over the fused ask: the respond's error (no receipt attached) is the answer; the loop calls
+    finish_unavailable, records its receipt, and raises that error."""
+    drive = started_session()
+    drive.answer(CALL)
+    outcome = SessionToolOutcome.success("a")
+    (respond,) = asked(drive.answer(ProviderResume.Continue(outcome=outcome)))
+    assert isinstance(respond, RespondAndRead)
+    error = InferenceError("provider turn failed: respond refused")
+    assert asked(drive.refuse(error)) == [FinishUnavailable()]
+    (record,) = asked(drive.answer(receipt()))
+    assert isinstance(record.event, SessionEvent.ProviderReceipt) and record.event.receipt == receipt()
+    (abort,) = drive.answer(None)
+    assert isinstance(abort, m.Abort) and abort.error is error
+
+
+def test_a_cancel_during_respond_and_read_interrupts_it_as_a_read() -> None:
+    """The fused ask is a read: a cancel during it accounts at once (Interrupting), as during NextEvent."""
+    drive = started_session()
+    drive.answer(CALL)
+    drive.answer(ProviderResume.Continue(outcome=SessionToolOutcome.success("a")))
+    assert asked(drive.feed(m.Cancel())) == [FinishUnavailable()]
+    assert isinstance(drive.state, m.Interrupting)
+
+
 def test_a_cancel_before_the_begin_ends_the_run_when_it_arrives() -> None:
     drive = Drive(SESSION)
     drive.feed(m.Cancel())
@@ -374,9 +401,9 @@ def test_sa25_ev03_an_invalid_call_is_answered_without_the_host_then_the_project
     (submit,) = asked(drive.answer(None))
     assert isinstance(submit, SubmitInput) and INVALID_CALL in submit.input
     assert asked(drive.answer(None)) == [
-        Respond(call_id="c1", result=ToolResult(success=False, output=str(error)), read_on=True)
+        RespondAndRead(call_id="c1", result=ToolResult(success=False, output=str(error)))
     ]
-    assert asked(drive.answer(None)) == [NextEvent()]
+    assert isinstance(drive.state, m.Reading)
 
 
 def test_every_shared_state_is_a_frozen_dataclass() -> None:
