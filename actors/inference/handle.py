@@ -30,6 +30,7 @@ from actors.router.messages import (
     TurnCancelled,
     TurnClosed,
     TurnCompleted,
+    TurnEventBatch,
     TurnInput,
     TurnStarted,
     TurnTerminated,
@@ -392,6 +393,8 @@ class ReadOn:
             if not self._taken:
                 self._taken = True
                 actor._responded(self._ctx, and_read=self._and_read)
+            else:  # an event before the turn's next decision: the read goes on (RespondCall.read_on)
+                actor._on_read(reply, more=True)
             return
         if self._taken:
             actor._on_read(reply)
@@ -555,16 +558,25 @@ class InferenceHandleActor(BusActor):
         deadline = ctx.header.deadline
         return not ctx.done and (deadline is None or deadline - self.node.clock() > _LIVE_MARGIN)
 
-    def _on_read(self, reply: Reply) -> None:
+    def _on_read(self, reply: Reply, *, more: bool = False) -> None:
+        """One Router event (or the read's error). ``more``: a partial of a read that goes on, which stays
+        the read in flight."""
         state = self._state
         if not isinstance(state, Active):
             return  # terminated meanwhile: every reader was answered then
-        self._state = state = replace(state, reading=False)
+        if not more:
+            self._state = state = replace(state, reading=False)
         outcome: Outcome
         if reply.error is not None:
             outcome = inference_error(reply.error)
         else:
             match reply.message:
+                case TurnEventBatch(events=events):  # several events queued at once, in order
+                    for event in events:
+                        self._on_read(Reply(event, None, False, reply.header), more=True)
+                    if not more:
+                        self._pump()
+                    return
                 case TurnTextDelta():
                     if self._observer is not None:
                         self.tell_to(self._observer, reply.message)

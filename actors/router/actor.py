@@ -57,6 +57,7 @@ from typing import Any
 from actors.base import DEFER, LOOP_HOSTS, BusActor, Context
 from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
 from actors.router.messages import (
+    DECISION_EVENTS,
     TERMINAL_EVENTS,
     CancelOperation,
     CountTokens,
@@ -329,7 +330,7 @@ class RouterActor(BusActor):
                 if not read_on or ctx.header.flow != "stream":
                     return None
                 ctx.partial(Ok())  # the result is taken: what follows is the read's
-                return self._next(turn, ctx)
+                return self._read_on(turn, ctx)
             case FinishUnavailable(operation_id=op):
                 return self._finish_unavailable(op)
             case CancelOperation(operation_id=op):
@@ -743,13 +744,14 @@ class RouterActor(BusActor):
             turn.waiting = [c for c in turn.waiting if not c.done]
         while turn.events and turn.stream is not None:
             batch: list[Any] = []
-            while turn.events and not isinstance(turn.events[0], TERMINAL_EVENTS) and len(batch) < _BATCH:
+            until = turn.stream_until
+            while turn.events and not isinstance(turn.events[0], until) and len(batch) < _BATCH:
                 batch.append(turn.events.popleft())
             if len(batch) == 1:
                 turn.stream.partial(batch[0])
             elif batch:
                 turn.stream.partial(TurnEventBatch(events=tuple(batch)))
-            if turn.events and isinstance(turn.events[0], TERMINAL_EVENTS):
+            if turn.events and isinstance(turn.events[0], until):
                 event = turn.events.popleft()
                 turn.stream.reply(event)
                 turn.stream = None
@@ -796,7 +798,19 @@ class RouterActor(BusActor):
             raise TurnBusy(f"operation {turn.operation_id} already has a reader")
         if turn.done and not turn.events and turn.failure is None:
             raise TurnTerminated(f"operation {turn.operation_id} has ended", receipt=turn.receipt)
-        turn.stream = ctx
+        turn.stream, turn.stream_until = ctx, TERMINAL_EVENTS
+        self._flush(turn)
+        return DEFER
+
+    def _read_on(self, turn: Turn, ctx: Context) -> Any:
+        """A ``RespondCall(read_on=True)``'s read: the events up to the turn's next decision (a tool call,
+        its completion or close) as partials, and that decision as the final reply, so a tool round reads
+        its provider input and its next call in the exchange that answered the last one. Beside other
+        readers it is one read of one event, as ``NextTurnEvent``."""
+        ended = not turn.events and (turn.done or turn.failure is not None)
+        if turn.waiting or turn.stream is not None or ended:
+            return self._next(turn, ctx)  # beside another reader, or ended: answered as a read is
+        turn.stream, turn.stream_until = ctx, DECISION_EVENTS
         self._flush(turn)
         return DEFER
 

@@ -79,9 +79,12 @@ class StreamTurnEvents:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RespondCall:
     """Answer a surfaced tool call. With ``read_on``, sent as a stream request by a reader that reads the
-    turn's next event right after: a partial ``Ok`` says the result was taken, and the final reply is that
-    next event (or the read's error), as ``NextTurnEvent`` would answer; one exchange instead of two. An
-    error before any partial is the respond's own. Otherwise the reply is ``Ok``."""
+    turn's events right after: a partial ``Ok`` says the result was taken; then each event up to the
+    turn's next decision (``DECISION_EVENTS``: a tool call, the completion, the close) comes as a partial
+    (several queued at once as one ``TurnEventBatch``), and the final reply is that decision (or the read's
+    error), as ``NextTurnEvent`` would answer it; one exchange instead of one per event. Beside another
+    reader of the turn the read is of one event only. An error before any partial is the respond's own.
+    Otherwise the reply is ``Ok``."""
 
     TAG: ClassVar[str] = "router.respond"
     operation_id: uuid.UUID
@@ -237,6 +240,7 @@ class TurnClosed:
 
 TurnEvent = TurnInput | TurnTextDelta | TurnUsage | TurnToolCall | TurnCompleted | TurnClosed
 TERMINAL_EVENTS = (TurnCompleted, TurnClosed)
+DECISION_EVENTS = (TurnToolCall, *TERMINAL_EVENTS)  # what ends a reading-on RespondCall (its final reply)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -205,7 +205,8 @@ class Turn:
     owner_seen: float  # monotonic: the owner's last sign of life (its request on this turn, a heartbeat)
     events: collections.deque[Any] = field(default_factory=collections.deque)
     waiting: list[Context] = field(default_factory=list)  # deferred NextTurnEvent requests
-    stream: Context | None = None  # a StreamTurnEvents request being fed partials
+    stream: Context | None = None  # a StreamTurnEvents request (or a reading-on RespondCall) fed partials
+    stream_until: tuple[type, ...] = ()  # the events that end ``stream``: its final reply
     surfaced: set[str] = field(default_factory=set)  # call ids surfaced and not yet answered
     answered: set[str] = field(default_factory=set)
     usage: TokenUsage | None = None

@@ -50,6 +50,7 @@ from actors.router.messages import (
     StartTurn,
     TurnClosed,
     TurnCompleted,
+    TurnEventBatch,
     TurnInput,
     TurnStarted,
     TurnTextDelta,
@@ -735,11 +736,17 @@ def test_si13_respond_and_read_after_termination_does_not_reach_the_router(
     assert len(router.calls) == calls
 
 
-def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_next_event(
+def flat(parts: list[Any]) -> list[Any]:
+    """A stream's parts with each ``TurnEventBatch`` opened into its events."""
+    return [e for p in parts for e in (p.events if isinstance(p, TurnEventBatch) else (p,))]
+
+
+def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_events_up_to_the_next_decision(
     node: Node, router: RouterClient, provider: ScriptedProvider
 ) -> None:
-    """The real Router: a partial Ok, then the event that follows the result (the model's next input); an
-    unknown call fails before any partial; a plain request with read_on is answered Ok and reads nothing."""
+    """The real Router: a partial Ok, then the events that follow the result up to the turn's next decision
+    (the model's next input, then its next call as the final reply); an unknown call fails before any
+    partial; a plain request with read_on is answered Ok and reads nothing."""
     call = {"name": "t", "arguments": {}}
     provider.add([{"call": call, "id": "c1"}, {"call": call, "id": "c2"}, {"text": "after"}])
     start = StartTurn(
@@ -748,17 +755,40 @@ def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_next_event(
     op = router.start_turn(start).operation_id
     while not isinstance(router.next_event(op), TurnToolCall):
         pass
-    plain = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
-    assert node.request(router.address, plain, timeout=WAIT) == Ok()  # not a stream: nothing read
-    assert isinstance(router.next_event(op), TurnInput)
-    assert isinstance(router.next_event(op), TurnToolCall)
     bad = RespondCall(operation_id=op, call_id="nope", result=OK, read_on=True)
     with pytest.raises(InvalidCallId):
         next(node.stream(router.address, bad, timeout=WAIT))
-    good = RespondCall(operation_id=op, call_id="c2", result=OK, read_on=True)
-    ok, read = list(node.stream(router.address, good, timeout=WAIT))
-    assert ok == Ok() and isinstance(read, TurnInput)
-    assert isinstance(router.next_event(op), TurnTextDelta)  # the stream goes on from there
+    good = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
+    ok, *events = flat(list(node.stream(router.address, good, timeout=WAIT)))
+    assert ok == Ok()
+    assert [type(e) for e in events] == [TurnInput, TurnToolCall] and events[-1].call_id == "c2"
+    plain = RespondCall(operation_id=op, call_id="c2", result=OK, read_on=True)
+    assert node.request(router.address, plain, timeout=WAIT) == Ok()  # not a stream: nothing read
+    assert isinstance(router.next_event(op), TurnInput)
+    assert isinstance(router.next_event(op), TurnTextDelta)  # the turn's events are all still there
+    assert isinstance(router.next_event(op), TurnCompleted)
+
+
+def test_a_respond_that_reads_on_ends_at_the_completion_and_the_handle_keeps_what_it_read(
+    node: Node,
+    router: RouterClient,
+    provider: ScriptedProvider,
+    runtime: InferenceRuntime,
+    handles: list[SessionInference],
+) -> None:
+    """The Router reads on past text to the completion; the handle answers the first event and holds the
+    rest, in order, for the reads that follow: no second Router read."""
+    call = {"name": "t", "arguments": {}}
+    provider.add([{"call": call, "id": "c1"}, {"text": "the answer", "chunks": 3}])
+    si = open_(runtime, handles)
+    assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.ProviderInput)
+    assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.ToolCall)
+    first = si.respond_and_read("c1", OK, timeout=WAIT)
+    assert isinstance(first, SessionInferenceEvent.ProviderInput)
+    router_took = node.actor_counts("router").handled
+    done = si.next_event(timeout=WAIT)
+    assert node.actor_counts("router").handled == router_took  # answered from what the handle holds
+    assert isinstance(done, SessionInferenceEvent.Completed) and done.answer == "the answer"
 
 
 def test_si12_finish_unavailable_accounts_and_terminalizes(
