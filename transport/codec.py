@@ -334,36 +334,52 @@ def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, d
     """``Registry.local_copy``'s walk, the bound of ``_share_budget`` and the copy in one pass: what is left
     of ``budget`` (-1 past it, or for a value the wire cannot carry as it is) and ``value`` with every JSON
     value in it copied (``_json_copy``). The immutable rest is shared; a message holding a copy is built
-    anew through its class, as decoding builds it."""
+    anew through its class, as decoding builds it. A message's string, None, bool and float fields are
+    counted in its own loop (most fields are such, and this runs for every in-process delivery); the
+    arithmetic is ``_share_budget``'s."""
     cls = type(value)
+    names = fields.get(cls)
+    if names is not None:
+        budget -= 16
+        if depth > 32 or budget < 0:
+            return -1, value
+        changes: dict[str, Any] | None = None
+        for name in names:
+            item = getattr(value, name)
+            kind = type(item)
+            budget -= 16 + 4 * len(name)
+            if kind is str:
+                budget -= 4 * len(item)
+            elif item is None or kind is bool or kind is float:
+                pass
+            else:
+                budget, new = _copied(item, fields, budget + 16, depth + 1)  # it takes its own 16 again
+                if new is not item:
+                    if changes is None:
+                        changes = {}
+                    changes[name] = new
+            if budget < 0:
+                return -1, value
+        if changes is None:
+            return budget, value
+        return budget, cls(**{name: changes.get(name, getattr(value, name)) for name in names})
     if cls is dict or cls is list:
         return _json_copy(value, budget, depth)
     if cls is tuple:
         budget -= 16
         if depth > 32 or budget < 0:
             return -1, value
-        members: list[Any] = []
-        for item in value:
+        members: list[Any] | None = None
+        for index, item in enumerate(value):
             budget, new = _copied(item, fields, budget, depth + 1)
             if budget < 0:
                 return -1, value
-            members.append(new)
-        return budget, value if all(a is b for a, b in zip(members, value, strict=True)) else tuple(members)
-    names = fields.get(cls)
-    if names is None:
-        return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy
-    budget -= 16
-    if depth > 32 or budget < 0:
-        return -1, value
-    kwargs: dict[str, Any] = {}
-    changed = False
-    for name in names:
-        item = getattr(value, name)
-        budget, kwargs[name] = _copied(item, fields, budget - 4 * len(name), depth + 1)
-        if budget < 0:
-            return -1, value
-        changed = changed or kwargs[name] is not item
-    return budget, cls(**kwargs) if changed else value
+            if new is not item and members is None:
+                members = list(value[:index])
+            if members is not None:
+                members.append(new)
+        return budget, value if members is None else tuple(members)
+    return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy
 
 
 class Registry:
@@ -497,10 +513,7 @@ class Registry:
         fields = self._fields
         if type(message) not in fields:
             return None
-        limit = self.max_body_bytes
-        if _share_budget(message, fields, limit, 0) >= 0:
-            return message
-        left, copy = _copied(message, fields, limit, 0)
+        left, copy = _copied(message, fields, self.max_body_bytes, 0)
         return copy if left >= 0 else None
 
     # -- decoding
