@@ -34,7 +34,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import queue
 import sys
 import threading
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from typing import Any, ClassVar, Final
 
 import pykka
 
+from transport.affinity import HomeQueue
 from transport.codec import encode_header
 from transport.envelope import Address, Header, Inbound, InboundBatch, Route, node_of
 from transport.errors import BusError, Expired, ProtocolError, Unavailable
@@ -211,8 +211,9 @@ class BusActor(pykka.ThreadingActor):
 
     @staticmethod
     def _create_actor_inbox() -> Any:
-        # SimpleQueue (C) instead of pykka's queue.Queue: the mailbox hop is on every message's path.
-        return queue.SimpleQueue()
+        # SimpleQueue (C) instead of pykka's queue.Queue: the mailbox hop is on every message's path. Its
+        # waits sit on the process's home CPU (transport/affinity.py).
+        return HomeQueue()
 
     # A direct actor also takes peers' traffic on its own socket (transport/inbox.py): no thread hand-off
     # between a remote caller and the handler. For actors on the hot path of blocking calls.

@@ -450,6 +450,9 @@ class NodeSettings:
     # conversations' tool hosts on; 0 = a thread for each, as before pools.
     hosts: Annotated[int, HOST_COUNT] = 1
     tool_hosts: Annotated[int, HOST_COUNT] = 4
+    # The process's bus threads wait for their next message on one CPU, and its ZeroMQ I/O threads run there
+    # (transport/affinity.py): a hand-off between them wakes no other CPU. Process-wide.
+    colocate_waits: bool = True
 
     def __post_init__(self) -> None:
         _normalise(self)

@@ -40,6 +40,7 @@ import zmq
 from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
 from zmq.backend import zmq_poll
 
+from transport.affinity import park, unpark
 from transport.codec import BATCH_TAG
 from transport.envelope import Header, Inbound, InboundBatch
 from transport.errors import BusError, NotDelivered, ProtocolError
@@ -201,7 +202,9 @@ class SocketInbox:
             if local:
                 self._sleeping = False
                 continue
+            parked = park()  # the wait sits on the home CPU (transport/affinity.py)
             events = zmq_poll(items, 1000)
+            unpark(parked)
             self._sleeping = False
             for fd, _ in events:
                 if fd == wake_r:  # read the wake-up pipe only when it woke us: a syscall saved

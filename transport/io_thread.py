@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from transport.affinity import park, unpark
 from transport.codec import BATCH_TAG, Registry, encode_header
 from transport.envelope import REPLY_FLOWS, Flow, Header, Inbound, Route, node_of
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
@@ -197,7 +198,10 @@ class IoThread(threading.Thread):
             # `not wait < 1.0` also catches what must never get here (NaN, inf): then it wakes each second.
             timeout_ms = 1000 if wait is None or not wait < 1.0 else max(0, int(wait * 1000) + 1)
             self.poll_until = node.monotonic() + timeout_ms / 1000
-            for sock, _ in self.poller.poll(timeout_ms):
+            parked = park() if timeout_ms else None  # the wait sits on the home CPU (transport/affinity.py)
+            ready = self.poller.poll(timeout_ms)
+            unpark(parked)
+            for sock, _ in ready:
                 if sock == wake:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake, 4096)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import pykka
 import zmq
 
+from transport.affinity import colocate, colocate_by_default, pin_io_threads
 from transport.codec import (
     BATCH_ITEM_OVERHEAD,
     MAX_HEADER_BYTES,
@@ -280,6 +281,7 @@ class Node:
             allow={c.public_key: c.node for c in sec.allow},
             plain_insecure_for_benchmarks=sec.mode == "plain-insecure-for-benchmarks",
         )
+        colocate(node.colocate_waits)  # process-wide (transport/affinity.py): the file's choice
         capture = kwargs.pop("capture", None)
         if capture is None and node.capture is not None:
             capture = CaptureWriter(node.capture, node=node.name, schema=registry.schema_hash())
@@ -305,6 +307,8 @@ class Node:
     def start(self, timeout: float = 10.0) -> Node:
         if self._io is not None:
             raise RuntimeError(f"node {self.name} already started")
+        colocate_by_default()  # the bus threads' waits on one CPU, unless the process chose (affinity.py)
+        pin_io_threads(self.context)
         if any(self.security.uses_curve(e) for e in self._binds):
             # Fail closed: a CURVE server without a running ZAP handler would accept any client key.
             if self.security.keys is None:
