@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import queue
+from collections.abc import Mapping
 from typing import Any
 
 import zmq
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # unparks by it once more.
 _masks: tuple[set[int], set[int]] | None = None
 _chosen = False  # colocate ran: Node.start's default does not override an explicit choice
+_TRUE = frozenset(("1", "true", "yes", "on"))  # the config's words (config/settings.py)
+_FALSE = frozenset(("0", "false", "no", "off"))
 
 
 def colocate(on: bool = True) -> int | None:
@@ -52,10 +55,17 @@ def colocate(on: bool = True) -> int | None:
     return home
 
 
-def colocate_by_default() -> None:
-    """``colocate()`` unless this process has already chosen (Node.start)."""
-    if not _chosen:
-        colocate()
+def colocate_by_default(env: Mapping[str, str] = os.environ) -> None:
+    """``colocate()`` unless this process has already chosen (Node.start). ``KBUS_NODE_COLOCATE_WAITS``
+    decides as it does over a config file (true/false, 1/0, yes/no, on/off), for a node built without one
+    too; any other word is a ValueError."""
+    if _chosen:
+        return
+    text = env.get("KBUS_NODE_COLOCATE_WAITS")
+    word = "true" if text is None else text.strip().lower()
+    if word not in _TRUE and word not in _FALSE:
+        raise ValueError(f"KBUS_NODE_COLOCATE_WAITS: expected true or false, got {text!r}")
+    colocate(word in _TRUE)
 
 
 def home() -> int | None:

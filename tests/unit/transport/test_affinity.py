@@ -109,12 +109,11 @@ def test_zmq_io_threads_a_node_starts_run_on_the_home_cpu(tmp_path: Path, coloca
     context = zmq.Context()
     node = Node("aff4", bind=[f"ipc://{tmp_path}/aff4.sock"], context=context).start()
     try:
-        io = [
-            int(tid)
-            for tid in set(os.listdir("/proc/self/task")) - before
-            if Path(f"/proc/self/task/{tid}/comm").read_text().startswith("ZMQbg/IO")
-        ]
-        assert io, "the context started no I/O thread"
+        # libzmq's threads (I/O and reaper): the new ones that are not Python's (a name is set by the thread
+        # itself, so it may not be there yet to go by).
+        python = {t.native_id for t in threading.enumerate()}
+        io = [int(tid) for tid in set(os.listdir("/proc/self/task")) - before if int(tid) not in python]
+        assert io, "the context started no thread"
         assert all(os.sched_getaffinity(tid) == {colocated} for tid in io)
     finally:
         node.stop()
@@ -154,5 +153,22 @@ def test_the_node_settings_turn_colocation_off_and_on() -> None:
         assert affinity.home() is None
         Node.from_settings(from_mapping({"node": {"name": "n1"}}))
         assert affinity.home() == min(ALLOWED)
+    finally:
+        affinity.colocate(True)
+
+
+def test_a_node_built_without_settings_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        monkeypatch.setattr(affinity, "_chosen", False)
+        affinity.colocate_by_default({"KBUS_NODE_COLOCATE_WAITS": "off"})
+        assert affinity.home() is None
+        affinity.colocate_by_default({})  # chosen already: the default changes nothing
+        assert affinity.home() is None
+        monkeypatch.setattr(affinity, "_chosen", False)
+        affinity.colocate_by_default({})
+        assert affinity.home() == min(ALLOWED)
+        monkeypatch.setattr(affinity, "_chosen", False)
+        with pytest.raises(ValueError, match="KBUS_NODE_COLOCATE_WAITS: expected true or false, got 'maybe'"):
+            affinity.colocate_by_default({"KBUS_NODE_COLOCATE_WAITS": "maybe"})
     finally:
         affinity.colocate(True)
