@@ -203,8 +203,10 @@ class SocketInbox:
                 self._sleeping = False
                 continue
             parked = park()  # the wait sits on the home CPU (transport/affinity.py)
-            events = zmq_poll(items, 1000)
-            unpark(parked)
+            try:
+                events = zmq_poll(items, 1000)
+            finally:
+                unpark(parked)
             self._sleeping = False
             for fd, _ in events:
                 if fd == wake_r:  # read the wake-up pipe only when it woke us: a syscall saved

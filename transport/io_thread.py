@@ -199,8 +199,10 @@ class IoThread(threading.Thread):
             timeout_ms = 1000 if wait is None or not wait < 1.0 else max(0, int(wait * 1000) + 1)
             self.poll_until = node.monotonic() + timeout_ms / 1000
             parked = park() if timeout_ms else None  # the wait sits on the home CPU (transport/affinity.py)
-            ready = self.poller.poll(timeout_ms)
-            unpark(parked)
+            try:
+                ready = self.poller.poll(timeout_ms)
+            finally:
+                unpark(parked)
             for sock, _ in ready:
                 if sock == wake:
                     with contextlib.suppress(BlockingIOError):

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import zmq
 
-from actors.base import BusActor, Context
+from actors.base import BusActor, Context, HostPool
 from config.settings import from_mapping
 from transport import Node, affinity
 from transport.messages import Echo
@@ -69,11 +69,16 @@ def _parked(tid: int, mask: set[int]) -> bool:
     return False
 
 
+@pytest.mark.parametrize("placed", ["own thread", "hosting actor"])
 def test_an_idle_actor_thread_waits_on_the_home_cpu_and_runs_its_handler_on_any(
-    make_node: Callable[..., Node], colocated: int
+    make_node: Callable[..., Node], colocated: int, placed: str
 ) -> None:
+    """Both mailboxes: an actor's own (HomeQueue) and a hosting actor's (SocketInbox, a pool's thread)."""
     node = make_node("aff1")
-    node.spawn(Where, "where")
+    if placed == "own thread":
+        node.spawn(Where, "where")
+    else:
+        HostPool.of(node, "affinity-test").spawn(Where, "where")
     seen = node.request("aff1/where", Echo(), timeout=WAIT).data
     assert set(seen["mask"]) == ALLOWED  # woken: the process's mask back before the handler ran
     assert _parked(seen["tid"], {colocated}), "the idle actor thread never waited on the home CPU"
