@@ -24,7 +24,7 @@ import zmq
 
 from actors.base import BusActor, Context, HostPool
 from config.settings import from_mapping
-from transport import Node, affinity
+from transport import Node, Peer, affinity
 from transport.messages import Echo
 
 WAIT = 10.0
@@ -109,18 +109,32 @@ def test_with_colocation_off_waits_stay_where_the_scheduler_puts_them(make_node:
         affinity.colocate(True)
 
 
+def _comm(tid: str) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except FileNotFoundError:  # a thread that has ended meanwhile
+        return ""
+
+
 def test_zmq_io_threads_a_node_starts_run_on_the_home_cpu(tmp_path: Path, colocated: int) -> None:
     before = set(os.listdir("/proc/self/task"))
     context = zmq.Context()
     node = Node("aff4", bind=[f"ipc://{tmp_path}/aff4.sock"], context=context).start()
+    peer = Node("aff4c").start()
     try:
-        # libzmq's threads (I/O and reaper): the new ones that are not Python's (a name is set by the thread
-        # itself, so it may not be there yet to go by).
-        python = {t.native_id for t in threading.enumerate()}
-        io = [int(tid) for tid in set(os.listdir("/proc/self/task")) - before if int(tid) not in python]
-        assert io, "the context started no thread"
+        # A libzmq thread sets its mask, then its name, then serves (thread_routine). Traffic through the
+        # node's socket has been carried by its I/O thread, so that thread is past both by then (a look
+        # right after start could find a thread not yet there, or another thread of the process starting).
+        peer.connect(Peer("aff4", node.endpoints[0]), wait=WAIT)
+        io = [
+            int(tid)
+            for tid in set(os.listdir("/proc/self/task")) - before
+            if _comm(tid).startswith("ZMQbg/IO")
+        ]
+        assert io, "the context started no I/O thread"
         assert all(os.sched_getaffinity(tid) == {colocated} for tid in io)
     finally:
+        peer.stop()
         node.stop()
         context.term()
 
