@@ -29,8 +29,16 @@ from typing import Any, Final
 
 import pytest
 
-from actors.router.providers.base import ProviderOutcome, ToolCallRequested
-from actors.router.turns import Counted, Emitted, Finished, decode_local
+from actors.router.providers.base import (
+    AwaitResult,
+    Pause,
+    ProviderError,
+    ProviderOutcome,
+    ToolCallRequested,
+    TurnSteps,
+    drive,
+)
+from actors.router.turns import Counted, Emitted, Finished, StepMark, WorkerIO, decode_local
 from transport.capture import CaptureLog, CaptureWriter, read_log
 from transport.codec import Registry
 from transport.node import Node
@@ -41,13 +49,16 @@ RECORD_MODES: Final = ("none", "once", "new_episodes", "all")
 
 class Tape:
     """What a cassette serves to a live replay: each actor's effects by key, in order, and each Router's
-    recorded provider events per operation and token counts in order."""
+    recorded provider events per operation, in the steps they came in (``StepMark``: what one step of an
+    inline turn produced reached its reader together; an event recorded outside a step came alone), and
+    token counts in order."""
 
     def __init__(self, log: CaptureLog, registry: Registry) -> None:
         self.effects: dict[tuple[str, bytes], collections.deque[bytes]] = collections.defaultdict(
             collections.deque
         )
-        self.turns: dict[tuple[str, Any], list[Any]] = collections.defaultdict(list)
+        self.turns: dict[tuple[str, Any], list[list[Any]]] = collections.defaultdict(list)
+        stepping: dict[str, dict[Any, list[Any]] | None] = {}  # per Router: the open step's events by turn
         self.counted: dict[str, collections.deque[tuple[int, ...]]] = collections.defaultdict(
             collections.deque
         )
@@ -63,8 +74,18 @@ class Tape:
                 message = decode_local(registry, value, open_requests)
             except ValueError:  # another actor's own mailbox record (a conversation's timer, a job's end)
                 continue
-            if isinstance(message, Emitted | Finished):
-                self.turns[(record.actor, message.operation_id)].append(message)
+            if isinstance(message, StepMark):
+                step = stepping.get(record.actor)
+                if message.end and step is not None:
+                    for op, events in step.items():
+                        self.turns[(record.actor, op)].append(events)
+                stepping[record.actor] = None if message.end else {}
+            elif isinstance(message, Emitted | Finished):
+                step = stepping.get(record.actor)
+                if step is None:
+                    self.turns[(record.actor, message.operation_id)].append([message])
+                else:
+                    step.setdefault(message.operation_id, []).append(message)
             elif isinstance(message, Counted) and message.counts is not None:
                 self.counted[record.actor].append(message.counts)
 
@@ -82,30 +103,40 @@ class Tape:
 
 class TapeProvider:
     """A provider that plays one Router operation's recorded events (waiting for each tool result, as the
-    real provider did) and ends as the recorded turn ended."""
+    real provider did) and ends as the recorded turn ended. The Router steps it (``steps``): one recorded
+    step (or one event recorded outside a step) per step here, so its events reach the reader grouped as
+    they did in the recording."""
 
     name = "tape"
+    placement = "inline"  # stepped by the Router itself, as the recorded inline turns were
 
     def __init__(self, tape: Tape, router: str) -> None:
         self._tape = tape
         self._router = router
 
-    def run_turn(self, request: Any, io: Any) -> ProviderOutcome:
-        from actors.router.providers.base import ProviderError
+    def run_turn(self, request: Any, io: WorkerIO) -> ProviderOutcome:
+        return drive(self.steps(request, io), io)
 
-        events = self._tape.turns.get((self._router, io.operation_id))
-        if not events:
+    def steps(self, request: Any, io: WorkerIO) -> TurnSteps:
+        steps = self._tape.turns.get((self._router, io.operation_id))
+        if not steps:
             raise ProviderError("unavailable", f"the recording has no provider turn {io.operation_id}")
-        for message in events:
-            if isinstance(message, Emitted):
-                io.emit(message.event)
-                if isinstance(message.event, ToolCallRequested):
-                    io.wait_result(message.event.call.call_id)
-            elif message.outcome is not None:
-                outcome: ProviderOutcome = message.outcome
-                return outcome
+        for events in steps:
+            awaits: str | None = None
+            for message in events:
+                if isinstance(message, Emitted):
+                    io.emit(message.event)
+                    if isinstance(message.event, ToolCallRequested):
+                        awaits = message.event.call.call_id
+                elif message.outcome is not None:
+                    outcome: ProviderOutcome = message.outcome
+                    return outcome
+                else:
+                    raise message.error or ProviderError("failed", "the recorded turn failed")
+            if awaits is not None:
+                yield AwaitResult(awaits)  # the step ends where the recorded one did: at the call
             else:
-                raise message.error or ProviderError("failed", "the recorded turn failed")
+                yield Pause()
         raise ProviderError("unavailable", f"the recording of turn {io.operation_id} has no end")
 
     def close(self) -> None:

@@ -306,14 +306,13 @@ class KernelHost(BusActor):
                     )
                 )
             case HostRecord(event=event):
-                if isinstance(event, SessionEvent.UsageUpdated) or (
-                    isinstance(event, SessionEvent.ProviderReceipt) and event.usage is not None
-                ):
-                    run.usage = event.usage
+                self._record(run, event)
                 return None
             case HostExecuteTool(call_id=call_id, call=call):
                 return self._execute(run, call_id, call, ctx)
-            case HostRunTool(call_id=call_id, call=call):  # the tool, then the resume decision on it
+            case HostRunTool(call_id=call_id, call=call, records=records):  # records, the tool, its resume
+                for event in records:  # RS-10: the events that came with the call, first
+                    self._record(run, event)
                 return self._execute(run, call_id, call, ResumeAfter(ctx, self, partial(self._resume, run)))
             case HostPrepareResume(outcome=outcome):
                 return self._resume(run, outcome)
@@ -324,6 +323,13 @@ class KernelHost(BusActor):
             case HostCompleteCapture(contents=contents):
                 return self._completed(run, contents)
         raise TypeError(type(message).__name__)
+
+    @staticmethod
+    def _record(run: KernelRun, event: Any) -> None:
+        if isinstance(event, SessionEvent.UsageUpdated) or (
+            isinstance(event, SessionEvent.ProviderReceipt) and event.usage is not None
+        ):
+            run.usage = event.usage
 
     def _resume(self, run: KernelRun, outcome: SessionToolOutcome) -> Any:
         if run.mode == "turn" and self._cancel_requested():  # IT-01/IT-02: after the result

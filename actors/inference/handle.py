@@ -74,6 +74,7 @@ __all__ = [
     "DEFAULT_ROUND_LIMIT",
     "HandleTerminated",
     "InferenceError",
+    "InferenceEvents",
     "InferenceHandleActor",
     "InferenceTimeout",
     "InvalidCallId",
@@ -150,6 +151,18 @@ Event = (
     | SessionInferenceEvent.ToolCall
     | SessionInferenceEvent.Completed
 )
+DECISIONS = (SessionInferenceEvent.ToolCall, SessionInferenceEvent.Completed)  # what a reader acts on
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceEvents:
+    """The answer to a ``batch`` read that found several events in hand: in order, each a ``ProviderInput``
+    or ``UsageUpdated`` but the last, which may be the decision they precede (a tool call, the completion).
+    Only events the provider had produced already: a batch never waits for more."""
+
+    TAG: ClassVar[str] = "si.events"
+    events: tuple[Event, ...]
+
 
 # ------------------------------------------------------------------------------- the handle's messages
 
@@ -170,9 +183,14 @@ class InferenceStarted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NextEvent:
-    """Answered with one normalized event, or ``Ok`` when the stream closed without completion (SI-09)."""
+    """Answered with one normalized event, or ``Ok`` when the stream closed without completion (SI-09).
+
+    ``batch``: when several events are in hand (read together from the Router), the answer is
+    ``InferenceEvents`` with them, up to and including the next decision; a closed stream or an error still
+    comes alone, on the read after the events before it."""
 
     TAG: ClassVar[str] = "si.next_event"
+    batch: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,6 +216,7 @@ class RespondAndRead:
     TAG: ClassVar[str] = "si.respond_and_read"
     call_id: str
     result: ToolResult
+    batch: bool = False  # the read is a batch read (``NextEvent.batch``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +265,7 @@ INFERENCE_MESSAGES = (
     SessionInferenceEvent.Completed,
     AwaitStarted,
     InferenceStarted,
+    InferenceEvents,
     NextEvent,
     Respond,
     RespondAndRead,
@@ -317,6 +337,19 @@ Outcome = Event | BusError | None  # what one Router read gives a reader (None: 
 
 
 @dataclass(frozen=True, slots=True)
+class _Together:
+    """Events that one Router reply brought (a ``TurnEventBatch``), held as one: a batch reader takes them
+    together (``NextEvent.batch``), a plain reader one at a time. Only what one reply carried: how many
+    events a read finds never depends on when the reader came."""
+
+    events: tuple[Event, ...]
+
+
+def _is_event(outcome: Outcome | _Together) -> bool:
+    return outcome is not None and not isinstance(outcome, BusError | _Together)
+
+
+@dataclass(frozen=True, slots=True)
 class Starting:
     waiters: tuple[Context, ...] = ()  # AwaitStarted requests
     queued: tuple[tuple[Any, Context], ...] = ()  # other requests, replayed once started
@@ -327,9 +360,9 @@ class Active:
     operation_id: uuid.UUID
     model: ResolvedAgentModel
     surfaced: frozenset[str] = frozenset()  # call ids surfaced and not answered (nor being answered)
-    readers: tuple[Context, ...] = ()  # NextEvent requests, FIFO
+    readers: tuple[tuple[Context, bool], ...] = ()  # NextEvent requests (and whether batch), FIFO
     reading: bool = False  # one Router read in flight
-    buffered: tuple[Outcome, ...] = ()  # outcomes whose reader gave up before they arrived
+    buffered: tuple[Outcome | _Together, ...] = ()  # outcomes no reader has taken yet, in order
     accountants: tuple[Context, ...] = ()  # FinishUnavailable requests; the first one is in flight
 
 
@@ -378,13 +411,16 @@ class ReadOn:
     that read. A final reply with no partial before it is the respond's own answer: its error, or ``Ok``
     from a Router that does not read on, and the next read is then made as usual."""
 
-    __slots__ = ("_actor", "_and_read", "_call_id", "_ctx", "_taken")
+    __slots__ = ("_actor", "_and_read", "_batch", "_call_id", "_ctx", "_taken")
 
-    def __init__(self, actor: InferenceHandleActor, ctx: Context, call_id: str, *, and_read: bool) -> None:
+    def __init__(
+        self, actor: InferenceHandleActor, ctx: Context, call_id: str, *, and_read: bool, batch: bool = False
+    ) -> None:
         self._actor = actor
         self._ctx = ctx
         self._call_id = call_id
         self._and_read = and_read
+        self._batch = batch
         self._taken = False
 
     def __call__(self, reply: Reply) -> None:
@@ -392,7 +428,7 @@ class ReadOn:
         if not reply.final:
             if not self._taken:
                 self._taken = True
-                actor._responded(self._ctx, and_read=self._and_read)
+                actor._responded(self._ctx, and_read=self._and_read, batch=self._batch)
             else:  # an event before the turn's next decision: the read goes on (RespondCall.read_on)
                 actor._on_read(reply, more=True)
             return
@@ -402,7 +438,7 @@ class ReadOn:
         state = actor._state
         if isinstance(state, Active):
             actor._state = replace(state, reading=False)
-        actor._on_responded(self._ctx, self._call_id, reply, and_read=self._and_read)
+        actor._on_responded(self._ctx, self._call_id, reply, and_read=self._and_read, batch=self._batch)
         actor._pump()
 
 
@@ -468,15 +504,15 @@ class InferenceHandleActor(BusActor):
                 return DEFER
             case Active(), AwaitStarted():
                 return InferenceStarted(operation_id=state.operation_id, model=state.model)
-            case Active(), NextEvent():
-                self._state = replace(state, readers=(*state.readers, ctx))
+            case Active(), NextEvent(batch=batch):
+                self._state = replace(state, readers=(*state.readers, (ctx, batch)))
                 self._pump()
                 return DEFER
             case Active(), Respond(call_id=call_id, result=result, read_on=read_on):
                 self._respond(state, ctx, call_id, result, read_on=read_on, and_read=False)
                 return DEFER
-            case Active(), RespondAndRead(call_id=call_id, result=result):
-                self._respond(state, ctx, call_id, result, read_on=True, and_read=True)
+            case Active(), RespondAndRead(call_id=call_id, result=result, batch=batch):
+                self._respond(state, ctx, call_id, result, read_on=True, and_read=True, batch=batch)
                 return DEFER
             case Active(), FinishUnavailable():
                 self._state = replace(state, accountants=(*state.accountants, ctx))
@@ -535,14 +571,28 @@ class InferenceHandleActor(BusActor):
         """Give buffered outcomes to live readers; start one Router read when a reader still waits."""
         while isinstance(self._state, Active):
             state = self._state
-            readers = tuple(ctx for ctx in state.readers if self._alive(ctx))
+            readers = tuple(reader for reader in state.readers if self._alive(reader[0]))
             if len(readers) != len(state.readers):
                 self._state = state = replace(state, readers=readers)
             if not readers:
                 return
             if state.buffered:
-                self._state = replace(state, buffered=state.buffered[1:])
-                self._give(state.buffered[0])
+                head, rest = state.buffered[0], state.buffered[1:]
+                taken: Outcome | InferenceEvents = head  # type: ignore[assignment]
+                if isinstance(head, _Together):
+                    events = head.events
+                    if readers[0][1]:  # a batch reader: up to and including the first decision
+                        n = next(
+                            (i + 1 for i, e in enumerate(events) if isinstance(e, DECISIONS)), len(events)
+                        )
+                    else:
+                        n = 1
+                    taken = InferenceEvents(events=events[:n]) if n > 1 else events[0]
+                    left = events[n:]
+                    if left:
+                        rest = (_Together(left) if len(left) > 1 else left[0], *rest)
+                self._state = replace(state, buffered=rest)
+                self._give(taken)
                 continue
             if not state.reading:
                 self._state = replace(state, reading=True)
@@ -558,9 +608,10 @@ class InferenceHandleActor(BusActor):
         deadline = ctx.header.deadline
         return not ctx.done and (deadline is None or deadline - self.node.clock() > _LIVE_MARGIN)
 
-    def _on_read(self, reply: Reply, *, more: bool = False) -> None:
+    def _on_read(self, reply: Reply, *, more: bool = False, hold: bool = False) -> None:
         """One Router event (or the read's error). ``more``: a partial of a read that goes on, which stays
-        the read in flight."""
+        the read in flight. ``hold``: buffer the outcome for ``_pump`` (one of a batch: a batch reader gets
+        it together with the rest)."""
         state = self._state
         if not isinstance(state, Active):
             return  # terminated meanwhile: every reader was answered then
@@ -572,15 +623,17 @@ class InferenceHandleActor(BusActor):
         else:
             match reply.message:
                 case TurnEventBatch(events=events):  # several events queued at once, in order
+                    held = len(state.buffered)
                     for event in events:
-                        self._on_read(Reply(event, None, False, reply.header), more=True)
-                    if not more:
-                        self._pump()
+                        self._on_read(Reply(event, None, False, reply.header), more=True, hold=True)
+                    self._together(held)
+                    self._pump()
                     return
                 case TurnTextDelta():
                     if self._observer is not None:
                         self.tell_to(self._observer, reply.message)
-                    self._pump()  # not a normalized event (SI-05): read on
+                    if not hold:
+                        self._pump()  # not a normalized event (SI-05): read on
                     return
                 case TurnInput(context=context):
                     outcome = SessionInferenceEvent.ProviderInput(context=context)
@@ -604,21 +657,48 @@ class InferenceHandleActor(BusActor):
                     outcome = None
                 case other:
                     outcome = InferenceError(f"unexpected Router event {type(other).__name__}")
-        if isinstance(self._state, Active) and any(self._alive(c) for c in self._state.readers):
+        if (
+            not hold
+            and isinstance(self._state, Active)
+            and any(self._alive(c) for c, _ in self._state.readers)
+        ):
             self._give(outcome)
         else:
             active = self._state
             assert isinstance(active, Active)
             self._state = replace(active, buffered=(*active.buffered, outcome))
-        self._pump()
+        if not hold:
+            self._pump()
 
-    def _give(self, outcome: Outcome) -> None:
+    def _together(self, held: int) -> None:
+        """The outcomes buffered from ``held`` on came in one reply: runs of two or more events are held
+        together (``_Together``); a closed stream or an error stays on its own."""
+        state = self._state
+        if not isinstance(state, Active) or len(state.buffered) - held < 2:
+            return
+        grouped: list[Any] = list(state.buffered[:held])
+        run: list[Any] = []
+        for outcome in (*state.buffered[held:], None):
+            if _is_event(outcome) and outcome is not None:
+                run.append(outcome)
+                continue
+            if run:
+                grouped.append(_Together(tuple(run)) if len(run) > 1 else run[0])
+                run = []
+            grouped.append(outcome)
+        self._state = replace(state, buffered=tuple(grouped[:-1]))  # the last: the loop's own end marker
+
+    def _give(self, outcome: Outcome | InferenceEvents) -> None:
         """Answer the first live reader with ``outcome`` and apply what it means for the handle."""
         state = self._state
         assert isinstance(state, Active) and state.readers
-        ctx, rest = state.readers[0], state.readers[1:]
+        (ctx, _), rest = state.readers[0], state.readers[1:]
         self._state = replace(state, readers=rest)
-        if isinstance(outcome, BusError):
+        if isinstance(outcome, InferenceEvents):  # a batch reader's (_pump)
+            ctx.reply(outcome)
+            if isinstance(outcome.events[-1], SessionInferenceEvent.Completed):
+                self._terminate("the provider turn completed")  # SI-08
+        elif isinstance(outcome, BusError):
             ctx.fail(outcome)
             if getattr(outcome, "receipt", None) is not None:
                 self._terminate("the provider turn failed; its receipt was reported")  # SI-16
@@ -631,7 +711,15 @@ class InferenceHandleActor(BusActor):
 
     # ------------------------------------------------------------------------ respond / account
     def _respond(
-        self, state: Active, ctx: Context, call_id: str, result: ToolResult, *, read_on: bool, and_read: bool
+        self,
+        state: Active,
+        ctx: Context,
+        call_id: str,
+        result: ToolResult,
+        *,
+        read_on: bool,
+        and_read: bool,
+        batch: bool = False,
     ) -> None:
         if call_id not in state.surfaced:
             raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
@@ -642,16 +730,16 @@ class InferenceHandleActor(BusActor):
             operation_id=state.operation_id, call_id=call_id, result=result, read_on=read_on
         )
         if read_on:
-            then: Any = ReadOn(self, ctx, call_id, and_read=and_read)
+            then: Any = ReadOn(self, ctx, call_id, and_read=and_read, batch=batch)
             self.ask(self._router, respond, then, timeout=self._read_timeout, stream=True)
         else:
             self.ask(
                 self._router,
                 respond,
-                lambda reply: self._on_responded(ctx, call_id, reply, and_read=and_read),
+                lambda reply: self._on_responded(ctx, call_id, reply, and_read=and_read, batch=batch),
             )
 
-    def _responded(self, ctx: Context, *, and_read: bool) -> None:
+    def _responded(self, ctx: Context, *, and_read: bool, batch: bool = False) -> None:
         """The respond succeeded: a ``Respond`` is answered; a ``RespondAndRead`` waits for the next read."""
         if not and_read:
             if not ctx.done:
@@ -659,13 +747,15 @@ class InferenceHandleActor(BusActor):
             return
         state = self._state
         if isinstance(state, Active):
-            self._state = replace(state, readers=(*state.readers, ctx))
+            self._state = replace(state, readers=(*state.readers, (ctx, batch)))
         elif isinstance(state, Terminal) and not ctx.done:
             ctx.fail(HandleTerminated(state.why))  # ended (accounted, closed) as the respond went out
 
-    def _on_responded(self, ctx: Context, call_id: str, reply: Reply, *, and_read: bool = False) -> None:
+    def _on_responded(
+        self, ctx: Context, call_id: str, reply: Reply, *, and_read: bool = False, batch: bool = False
+    ) -> None:
         if reply.error is None:
-            self._responded(ctx, and_read=and_read)
+            self._responded(ctx, and_read=and_read, batch=batch)
             self._pump()
             return
         error = inference_error(reply.error)
@@ -702,7 +792,7 @@ class InferenceHandleActor(BusActor):
         if not isinstance(state, Active):
             return
         self._state = Terminal(why, state.operation_id, state.model)
-        for ctx in (*state.readers, *state.accountants):
+        for ctx in (*(reader for reader, _ in state.readers), *state.accountants):
             if not ctx.done:
                 ctx.fail(HandleTerminated(why))
 

@@ -129,11 +129,14 @@ from actors.router.turns import (
     OWNER_LOST_AFTER_S,
     OWNER_PING_INTERVAL_S,
     RECENT_RECEIPTS,
+    STEP_ENDED,
+    STEP_STARTED,
     TICK,
     TICK_S,
     Counted,
     Emitted,
     Finished,
+    StepMark,
     Tick,
     Ticker,
     TimedOut,
@@ -252,6 +255,10 @@ class RouterActor(BusActor):
             raise ValueError(f"RouterActor: recent_receipts must be at least 1, not {recent_receipts!r}")
         self._recent_bound = int(recent_receipts)
         self._turns: dict[uuid.UUID, Turn] = {}
+        # While inline turns step: the turns whose queued events are handed on when the step ends, so what
+        # one step of a provider produces goes to its reader together (a tool round's input and its next
+        # call in one reply), not as one message per event.
+        self._held: dict[uuid.UUID, Turn] | None = None
         # Cancellation lineage: parent operation -> child turn operations, and back. A turn that left
         # memory stays here only while some of its own children are still in memory.
         self._children: dict[uuid.UUID, set[uuid.UUID]] = {}
@@ -391,7 +398,17 @@ class RouterActor(BusActor):
     def _on_local(self, message: Any) -> Any:
         match message:
             case Step():
-                self._inline.step()
+                self._own(STEP_STARTED)
+                try:
+                    self._inline.step()
+                finally:
+                    self._own(STEP_ENDED)
+            case StepMark(end=False):
+                self._held = {}
+            case StepMark(end=True):
+                held, self._held = self._held or {}, None
+                for stepped in held.values():
+                    self._flush(stepped)
             case _Later(fn=fn):
                 fn()
             case _CancelInline(operation_id=op):
@@ -728,7 +745,10 @@ class RouterActor(BusActor):
 
     def _queue(self, turn: Turn, event: Any) -> None:
         turn.events.append(event)
-        self._flush(turn)
+        if self._held is not None:
+            self._held[turn.operation_id] = turn  # flushed when the step ends
+        else:
+            self._flush(turn)
 
     def _live(self, ctx: Context) -> bool:
         """A reader still waiting: not answered, and its deadline (if any) not passed."""
@@ -747,6 +767,14 @@ class RouterActor(BusActor):
             until = turn.stream_until
             while turn.events and not isinstance(turn.events[0], until) and len(batch) < _BATCH:
                 batch.append(turn.events.popleft())
+            if batch and until is DECISION_EVENTS and turn.events and isinstance(turn.events[0], until):
+                # The decision is here too: it ends the read, and what precedes it comes along in the final
+                # reply (one message where a partial and the final reply would be two).
+                event = turn.events.popleft()
+                turn.stream.reply(TurnEventBatch(events=(*batch, event)))
+                turn.stream = None
+                self._handed(turn, event)
+                continue
             if len(batch) == 1:
                 turn.stream.partial(batch[0])
             elif batch:

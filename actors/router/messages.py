@@ -82,7 +82,9 @@ class RespondCall:
     turn's events right after: a partial ``Ok`` says the result was taken; then each event up to the
     turn's next decision (``DECISION_EVENTS``: a tool call, the completion, the close) comes as a partial
     (several queued at once as one ``TurnEventBatch``), and the final reply is that decision (or the read's
-    error), as ``NextTurnEvent`` would answer it; one exchange instead of one per event. Beside another
+    error), as ``NextTurnEvent`` would answer it; one exchange instead of one per event. Events queued
+    together with the decision come with it in the final reply, a ``TurnEventBatch`` ending with the
+    decision, rather than as a partial before it. Beside another
     reader of the turn the read is of one event only. An error before any partial is the respond's own.
     Otherwise the reply is ``Ok``."""
 
@@ -245,15 +247,18 @@ DECISION_EVENTS = (TurnToolCall, *TERMINAL_EVENTS)  # what ends a reading-on Res
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEventBatch:
-    """Several non-terminal events in one partial reply of a stream.
+    """Several events of a turn, in order, in one reply.
 
     A provider can produce events far faster than one message each can travel (a burst of a thousand
     tokens queued while the reader was away); sending what is queued as one part keeps the stream within
     the socket's high-water mark, where a part that does not fit would be lost (delivery is at-most-once).
+    As a partial reply it holds events before the read's last; as the final reply of a reading-on
+    ``RespondCall`` it ends with the decision that ends the read, and holds what one provider step produced
+    with it (the Router hands on a step's events when the step ends).
     """
 
     TAG: ClassVar[str] = "router.ev.batch"
-    events: tuple[TurnInput | TurnTextDelta | TurnUsage | TurnToolCall, ...]
+    events: tuple[TurnInput | TurnTextDelta | TurnUsage | TurnToolCall | TurnCompleted | TurnClosed, ...]
 
 
 # ------------------------------------------------------------------------------------------------- errors

@@ -107,6 +107,18 @@ class Tick:
 TICK = Tick()
 
 
+@dataclass(frozen=True, slots=True)
+class StepMark:
+    """The start (``end=False``) or the end of one step of the inline turns: the events queued between the
+    two reach their readers together, at the end. Recorded, so a replay, which runs no step, groups the
+    recorded events as the recording did."""
+
+    end: bool
+
+
+STEP_STARTED, STEP_ENDED = StepMark(end=False), StepMark(end=True)
+
+
 class WorkerIO:
     """The provider's view of its turn (TurnIO), on whichever thread hosts the turn.
 
@@ -315,6 +327,8 @@ def encode_local(registry: Any, message: Any) -> bytes | None:
                    else str(error)]  # fmt: skip
         case Tick():
             row = ["tick"]
+        case StepMark(end=end):
+            row = ["step_end" if end else "step"]
     return pack_payload(row) if row else None
 
 
@@ -359,4 +373,6 @@ def decode_local(registry: Any, payload: bytes, open_requests: Any) -> Any:
         return Counted(ctx, counts, None if row[3] is None else ProviderFailed(row[3], kind="failed"))
     if kind == "tick":
         return TICK
+    if kind in ("step", "step_end"):
+        return STEP_ENDED if kind == "step_end" else STEP_STARTED
     raise ValueError(f"not a Router mailbox record: {kind!r}")

@@ -34,6 +34,7 @@ from actors.inference.handle import (
     AwaitStarted,
     FinishUnavailable,
     InferenceError,
+    InferenceEvents,
     InferenceStarted,
     NextEvent,
     ProviderEndedError,
@@ -49,6 +50,7 @@ from transport.pending import Reply
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "READ",
     "Abort",
     "Accounting",
     "Answered",
@@ -185,19 +187,25 @@ Effect = Ask | Open | Close | Finish | Abort | Refuse
 @dataclass(frozen=True, slots=True)
 class Run(Generic[F]):
     """What every live state carries: the flavor's facts, whether a handle is open (``op``: its child
-    operation once started; ``None`` while starting), and whether the run has progressed."""
+    operation once started; ``None`` while starting), whether the run has progressed, and ``queued``: handle
+    events in hand not taken yet (the rest of an ``InferenceEvents`` batch), which ``read`` takes before it
+    asks the handle again."""
 
     facts: F
     handle: bool = False
     op: uuid.UUID | None = None
     progressed: bool = False
+    queued: tuple[Any, ...] = ()
 
     # Built positionally: these run several times a round, and ``dataclasses.replace`` walks the fields.
     def closed(self) -> Run[F]:
         return Run(self.facts, False, None, self.progressed)
 
     def with_facts(self, facts: F) -> Run[F]:
-        return self if facts is self.facts else Run(facts, self.handle, self.op, self.progressed)
+        return self if facts is self.facts else Run(facts, self.handle, self.op, self.progressed, self.queued)
+
+    def with_queued(self, queued: tuple[Any, ...]) -> Run[F]:
+        return Run(self.facts, self.handle, self.op, self.progressed, queued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +328,14 @@ class Flavor(Protocol):
 # ---------------------------------------------------------------------------------- shared steps
 
 
-def read(run: Run[Any]) -> Step:
-    return Step(Reading(run), (Ask(Target.HANDLE, NextEvent()),))
+READ: Final = NextEvent(batch=True)  # a run takes what the handle has in hand at once (InferenceEvents)
+
+
+def read(flavor: Flavor, run: Run[Any]) -> Step:
+    """The next handle event: the first one in hand (``Run.queued``), else asked of the handle."""
+    if run.queued:
+        return step(flavor, Reading(run.with_queued(run.queued[1:])), Answered(READ, run.queued[0]))
+    return Step(Reading(run), (Ask(Target.HANDLE, READ),))
 
 
 def fail(run: Run[Any], error: BaseException) -> Step:
@@ -330,7 +344,15 @@ def fail(run: Run[Any], error: BaseException) -> Step:
 
 
 def account(flavor: Flavor, run: Run[Any], after: After) -> Step:
-    """EV-09: ``finish_unavailable`` on the open handle, then its receipt recorded once, then ``after``."""
+    """EV-09: ``finish_unavailable`` on the open handle, then its receipt recorded once, then ``after``. A
+    completion already in hand (the end of a batch read: the handle has ended with it) carries the turn's
+    receipt: that one is recorded, as finish_unavailable would have returned it."""
+    done = next((e for e in run.queued if isinstance(e, SessionInferenceEvent.Completed)), None)
+    if done is not None:
+        run = run.closed()
+        event = flavor.receipt(run, done.receipt, None, None)
+        ask = Ask(Target.HOST, flavor.record(event), boundary=False)
+        return Step(RecordingReceipt(run, after, None), (Close(), ask))
     if not run.handle or run.op is None:
         return _settle(flavor, run, after)
     return Step(Accounting(run, after), (Ask(Target.HANDLE, FinishUnavailable(), boundary=False),))
@@ -449,7 +471,7 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
             return Step(Cancelling(state))
         # ---------------------------------------------------------------- the handle's start
         case Starting(run=run), Answered(value=InferenceStarted(operation_id=op)):
-            return read(replace(run, op=op, progressed=True))
+            return read(flavor, replace(run, op=op, progressed=True))
         case Starting(run=run), Failed(error=error):
             receipt = getattr(error, "receipt", None)
             if isinstance(receipt, UsageReceipt):  # RS-29
@@ -460,6 +482,9 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
         # ---------------------------------------------------------------- the event stream
         case Reading(run=run), Failed(error=error):  # RS-30
             return failed_with(flavor, run, error)
+        case Reading(run=run), Answered(asked=asked, value=InferenceEvents(events=(first, *rest))):
+            # Several events in hand (RS-10: each still taken in order, recorded before a later one acts)
+            return step(flavor, Reading(run.with_queued((*rest, *run.queued))), Answered(asked, first))
         case Reading(run=run), Answered(value=Ok()):  # RS-31: closed without completion
             return abort(flavor, run, ProviderEndedError("the provider stream ended without a final answer"))
         case Reading(run=run), Answered(value=SessionInferenceEvent.Completed() as done):
@@ -517,6 +542,8 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
             it = replace(it, account=message)
             return Step(it) if it.event is None else _interrupted(flavor, it)
         case Interrupting(event=None) as it, Answered() | Failed():
+            if isinstance(message, Answered) and isinstance(message.value, InferenceEvents):
+                message = Answered(message.asked, message.value.events[-1])  # the read's last says its end
             it = replace(it, event=message)
             return Step(it) if it.account is None else _interrupted(flavor, it)
         case RecordingReceipts(run=run, error=error), Failed(error=failure):

@@ -293,6 +293,10 @@ class HostRunTool:
     call: ToolCall | ToolCallError
     operation_id: uuid.UUID
     idempotency_key: str
+    # RS-10: the events that came in one batch with this call (ProviderInput, UsageUpdated), recorded in
+    # order before the tool runs, as a ``HostRecord`` each would be; a record that fails answers the request
+    # with its error, and the tool does not run.
+    records: tuple[SessionEvent.ProviderInput | SessionEvent.UsageUpdated, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,10 +392,8 @@ class HostActor(ToolHostActor):
                 return self.answer_when_done(host.record(event), ctx)
             case HostExecuteTool(call=call, operation_id=op, idempotency_key=key):
                 return self.execute(ctx, call, key, partial(host.execute_tool, call, op))
-            case HostRunTool(call=call, operation_id=op, idempotency_key=key):
-                then = ResumeAfter(ctx, self, host.prepare_provider_resume)
-                answer = self.execute(then, call, key, partial(host.execute_tool, call, op))
-                return answer if answer is DEFER else then.decided(answer)
+            case HostRunTool(call=call, operation_id=op, idempotency_key=key, records=records):
+                return self._records_then(records, ctx, partial(self._run_tool, ctx, call, op, key))
             case HostPrepareResume(outcome=outcome):
                 return self.answer_when_done(host.prepare_provider_resume(outcome), ctx)
             case HostCompleteCapture(capture=capture, contents=contents):
@@ -399,6 +401,61 @@ class HostActor(ToolHostActor):
             case HostCompleteRound(completion=completion):
                 return self.answer_when_done(host.complete_round(completion), ctx)
         raise ProtocolError(f"{self.address} does not handle {type(message).__name__}")
+
+    def _run_tool(self, ctx: Context, call: ToolCall | ToolCallError, op: uuid.UUID, key: str) -> Any:
+        then = ResumeAfter(ctx, self, self.host.prepare_provider_resume)
+        answer = self.execute(then, call, key, partial(self.host.execute_tool, call, op))
+        return answer if answer is DEFER else then.decided(answer)
+
+    def _records_then(self, records: tuple[Any, ...], ctx: Context, go: Callable[[], Any]) -> Any:
+        """RS-10: ``host.record`` each of ``records`` in order, then ``go()``; the handler's answer. A record
+        that returns a future holds the rest until it resolves (``_RecordsDone``); a record that fails is the
+        request's answer, and nothing after it runs."""
+        for i, event in enumerate(records):
+            result = self.host.record(event)
+            if isinstance(result, concurrent.futures.Future):
+                result.add_done_callback(partial(_records_done, self.actor_ref, records[i + 1 :], ctx, go))
+                return DEFER
+        return go()
+
+    def on_local(self, message: Any) -> Any:
+        if not isinstance(message, _RecordsDone):
+            return super().on_local(message)
+        ctx = message.ctx
+        try:
+            if message.future.cancelled():
+                raise concurrent.futures.CancelledError()
+            error = message.future.exception()
+            if error is not None:
+                raise error
+            answer = self._records_then(message.rest, ctx, message.then)
+        except Exception as exc:  # noqa: BLE001 - the record's (or the tool's) failure is the answer
+            if not ctx.done:
+                ctx.fail(exc)
+            return None
+        if answer is not DEFER and not ctx.done:
+            ctx.reply(Ok() if answer is None else answer)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordsDone:
+    """A record of a ``HostRunTool``'s ``records`` resolved (HostActor's mailbox): go on with the rest."""
+
+    future: concurrent.futures.Future[Any]
+    rest: tuple[Any, ...]
+    ctx: Context
+    then: Callable[[], Any]
+
+
+def _records_done(
+    ref: Any,
+    rest: tuple[Any, ...],
+    ctx: Context,
+    go: Callable[[], Any],
+    future: concurrent.futures.Future[Any],
+) -> None:
+    ref.tell(_RecordsDone(future, rest, ctx, go))  # on the future's thread: only a hand-off to the mailbox
 
 
 def _unknown_outcome(text: str) -> SessionToolOutcome:
@@ -451,6 +508,8 @@ class SessionFacts:
     used_tool: bool = False
     finish_requested: bool = False
     emitted_response: bool = False
+    # RS-10: records of events in hand that precede a tool call in hand too: sent with its HostRunTool
+    records: tuple[SessionEvent.ProviderInput | SessionEvent.UsageUpdated, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,23 +595,39 @@ class SessionFlavor:
         facts: SessionFacts = run.facts
         match event:
             case SessionInferenceEvent.ProviderInput(context=context):  # RS-10
-                recorded: Any = SessionEvent.ProviderInput(round=facts.round, context=context)
-                return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
+                return self._record(run, SessionEvent.ProviderInput(round=facts.round, context=context))
             case SessionInferenceEvent.UsageUpdated(usage=usage):
-                recorded = SessionEvent.UsageUpdated(round=facts.round, usage=usage)
-                return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
+                return self._record(run, SessionEvent.UsageUpdated(round=facts.round, usage=usage))
             case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
                 op = run.op
                 assert op is not None
-                run = replace(run.with_facts(replace(facts, used_tool=True)), progressed=True)
+                run = replace(run.with_facts(replace(facts, used_tool=True, records=())), progressed=True)
                 execute = HostRunTool(
                     call_id=call_id,
                     call=call,
                     operation_id=op,
                     idempotency_key=idempotency_key(facts.request.operation_id, facts.round, call_id),
+                    records=facts.records,
                 )  # RS-13: the host decides the resume on the outcome in the same request
                 return Step(Resuming(run, call_id), (Ask(Target.HOST, execute),))
         return abort(self, run, InferenceError(f"unexpected handle event {type(event).__name__}"))
+
+    def _record(self, run: Run[SessionFacts], recorded: Any) -> Step:
+        """RS-10: record ``recorded`` before any later event acts. When the events in hand end with a tool
+        call (and hold nothing else), the record goes with that call's ``HostRunTool``, which the host
+        carries out in order, records first: one host exchange for the batch instead of one per event."""
+        queued = run.queued
+        if (
+            queued
+            and isinstance(queued[-1], SessionInferenceEvent.ToolCall)
+            and all(
+                isinstance(e, SessionInferenceEvent.ProviderInput | SessionInferenceEvent.UsageUpdated)
+                for e in queued[:-1]
+            )
+        ):
+            facts = run.facts
+            return read(self, run.with_facts(replace(facts, records=(*facts.records, recorded))))
+        return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
 
     def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
         facts: SessionFacts = run.facts
@@ -611,7 +686,7 @@ class SessionFlavor:
                 )  # RS-08: prepared passed through unchanged
                 return starting(run, inference)
             case RecordingEvent(run=run), Answered():
-                return read(run)
+                return read(self, run)
             case Resuming(run=run, call_id=call_id), Answered(
                 value=ProviderResume.Continue(outcome=o)
             ):  # RS-14
@@ -632,9 +707,8 @@ class SessionFlavor:
                     )
                 # RS-36: the next event is read only once this call's response is carried out; the handle
                 # answers with it (a respond error comes back as the answer: RS-33 as for a read, RS-30).
-                return Step(
-                    Reading(run), (Ask(Target.HANDLE, RespondAndRead(call_id=call_id, result=result)),)
-                )
+                respond = RespondAndRead(call_id=call_id, result=result, batch=True)
+                return Step(Reading(run), (Ask(Target.HANDLE, respond),))
             case Resuming(run=run), Answered(value=ProviderResume.Complete(answer=answer)):  # RS-15, 18, 25
                 return account(self, run, Succeed(answer))
             case Resuming(run=run), Answered(value=ProviderResume.RestartFresh()):  # RS-16, 17, 20, 26

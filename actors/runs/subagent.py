@@ -532,7 +532,7 @@ class SubagentFlavor:
                 # SA-05: once, before execute_tool; a cancelled run runs no further tool
                 render = _host(HostRenderToolCall(call=call), boundary=True)
                 return Step(Rendering(run, call_id, call), (render,))
-        return read(run)  # ProviderInput, UsageUpdated: a subagent run records neither
+        return read(self, run)  # ProviderInput, UsageUpdated: a subagent run records neither
 
     def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
         facts: SubagentFacts = run.facts
@@ -780,7 +780,7 @@ class SubagentFlavor:
             case SubmittingInput(run=run, call_id=call_id, result=result), Answered():
                 # The response and the next read in one ask: the answer is the next event, or the
                 # respond's error (failed_with, as for a read). A boundary, as the read after it was.
-                respond = Ask(Target.HANDLE, RespondAndRead(call_id=call_id, result=result))
+                respond = Ask(Target.HANDLE, RespondAndRead(call_id=call_id, result=result, batch=True))
                 return Step(Reading(run), (respond,))
             case SubmittingInput(run=run), Failed(error=error):
                 return failed_with(self, run, error)

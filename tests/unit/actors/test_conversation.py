@@ -931,3 +931,15 @@ def test_every_runtime_event_lands_in_the_session_file_and_resumes(env: Env, tmp
     rt.stop()
     again = env.build(session_file=path)
     assert again.transcript() == restored.transcript and again.turn_index() == 2
+
+
+def test_rs10_usage_reported_with_a_tool_call_counts_when_the_turn_stops_at_its_step_limit(env: Env) -> None:
+    """RS-10: the usage update that came in one batch with a tool call reaches the conversation (recorded by
+    that call's request) before the tool runs: a turn that then stops at max_steps, whose interrupted
+    receipt carries no usage of its own, reports it."""
+    rt = env.build(max_steps=1)
+    env.script(usage(40, 7), call("add", "c1", a=1, b=2), text("never"))
+    outcome = rt.run("add them")
+    assert outcome.finish_reason is FinishReason.MAX_STEPS
+    assert outcome.usage is not None and outcome.usage.prompt_tokens == 40
+    assert outcome.usage.completion_tokens == 7

@@ -25,9 +25,11 @@ from actors.inference.handle import (
     DEFAULT_ROUND_LIMIT,
     HandleTerminated,
     InferenceError,
+    InferenceEvents,
     InferenceHandleActor,
     InferenceTimeout,
     InvalidCallId,
+    NextEvent,
     PreparedRound,
     ProviderEndedError,
     SessionInferenceEvent,
@@ -55,6 +57,7 @@ from actors.router.messages import (
     TurnStarted,
     TurnTextDelta,
     TurnToolCall,
+    TurnUsage,
 )
 from actors.router.providers.scripted import ScriptedProvider
 from actors.router.receipts import ReceiptLedger
@@ -78,6 +81,7 @@ from transport.node import Node
 
 PARENT = uuid.UUID("00000000-0000-4000-8000-000000000001")
 OK = ToolResult(success=True, output="done")
+CONTEXT = ModelContext(model="fake", reasoning_effort=None, instructions=None, items=())
 BAD = ToolResult(success=False, output="bad")
 WAIT = 10.0  # every blocking wait in this file is bounded by this
 
@@ -1057,3 +1061,61 @@ def test_cancelling_the_parent_ends_the_turn_with_the_routers_receipt(
     assert err.value.receipt == router.receipt(si.operation_id)
     with pytest.raises(HandleTerminated):
         si.finish_unavailable(timeout=WAIT)
+
+
+def test_a_reading_on_respond_whose_next_call_is_ready_gets_it_with_the_input_in_one_final_reply(
+    node: Node, router: RouterClient, provider: ScriptedProvider
+) -> None:
+    """The real Router: the events one provider step produces go to the reader together. When the input
+    and the next call are both queued, the reading-on respond is answered with its partial Ok and then one
+    final ``TurnEventBatch`` ending with the call: two replies, not one per event."""
+    call = {"name": "t", "arguments": {}}
+    provider.add([{"call": call, "id": "c1"}, {"call": call, "id": "c2"}, {"text": "after"}])
+    start = StartTurn(
+        user_id="u1", parent_operation_id=PARENT, model="scripted", input="go", tool_description="t()"
+    )
+    op = router.start_turn(start).operation_id
+    while not isinstance(router.next_event(op), TurnToolCall):
+        pass
+    parts = list(
+        node.stream(
+            router.address, RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True), timeout=WAIT
+        )
+    )
+    assert len(parts) == 2 and parts[0] == Ok()
+    assert isinstance(parts[1], TurnEventBatch)
+    assert [type(e) for e in parts[1].events] == [TurnInput, TurnToolCall] and parts[1].events[
+        -1
+    ].call_id == "c2"
+
+
+def test_a_batch_read_gets_the_events_in_hand_up_to_the_decision_and_a_plain_read_one_at_a_time(
+    node: Node,
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+) -> None:
+    """``NextEvent(batch=True)``: what one Router reply brought (input, usage, completion) in one
+    ``InferenceEvents``, after which the handle is terminated by the completion it gave (SI-08); a plain
+    read of the same events gets them one at a time, from the one Router read."""
+    usage = TokenUsage(input_tokens=1, output_tokens=1)
+    events = lambda plan: TurnEventBatch(  # noqa: E731
+        events=(TurnInput(context=CONTEXT), TurnUsage(usage=usage), completed(plan))
+    )
+    router, runtime = fake(events=[events, events])
+    batched = runtime.start_session_inference(request())
+    handles.append(batched)
+    got = node.request(batched.address, NextEvent(batch=True), timeout=WAIT)
+    assert isinstance(got, InferenceEvents)
+    assert [type(e) for e in got.events] == [
+        SessionInferenceEvent.ProviderInput,
+        SessionInferenceEvent.UsageUpdated,
+        SessionInferenceEvent.Completed,
+    ]
+    with pytest.raises(HandleTerminated):
+        batched.next_event(timeout=WAIT)
+    plain = runtime.start_session_inference(request())
+    handles.append(plain)
+    assert isinstance(plain.next_event(timeout=WAIT), SessionInferenceEvent.ProviderInput)
+    assert isinstance(plain.next_event(timeout=WAIT), SessionInferenceEvent.UsageUpdated)
+    assert isinstance(plain.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
+    assert kinds(router.calls).count("NextTurnEvent") == 2  # one Router read each

@@ -13,8 +13,8 @@ import pytest
 from actors.inference.handle import (
     FinishUnavailable,
     InferenceError,
+    InferenceEvents,
     InferenceStarted,
-    NextEvent,
     PreparedRound,
     Respond,
     RespondAndRead,
@@ -52,7 +52,9 @@ from actors.runs.subagent import (
 )
 from actors.types import (
     AgentProvider,
+    ModelContext,
     ResolvedAgentModel,
+    TokenUsage,
     ToolCall,
     ToolCallError,
     ToolCallErrorKind,
@@ -151,7 +153,7 @@ def started_session() -> Drive:
     assert isinstance(record, HostRecord) and isinstance(record.event, SessionEvent.InferenceSubmitted)
     (opened,) = drive.answer(None)
     assert isinstance(opened, m.Open) and opened.request.round == 1
-    assert asked(drive.answer(InferenceStarted(operation_id=CHILD, model=MODEL))) == [NextEvent()]
+    assert asked(drive.answer(InferenceStarted(operation_id=CHILD, model=MODEL))) == [m.READ]
     return drive
 
 
@@ -210,7 +212,7 @@ def test_rs11_rs13_rs14_rs22_rs23_one_tool_round_as_effects() -> None:
     amended = SessionToolOutcome(text="b", ok=False, finish_after_round=True)
     assert asked(drive.answer(ProviderResume.Continue(outcome=amended))) == [
         # RS-14: the amended one; RS-36: the next event is read after it, in the same ask
-        RespondAndRead(call_id="c1", result=ToolResult(success=False, output="b"))
+        RespondAndRead(call_id="c1", result=ToolResult(success=False, output="b"), batch=True)
     ]
     assert isinstance(drive.state, m.Reading)
     done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt())
@@ -299,7 +301,7 @@ def test_cancel_during_a_read_interrupts_it_and_records_the_one_receipt_once() -
     assert asked(drive.feed(m.Cancel())) == [FinishUnavailable()]
     assert isinstance(drive.state, m.Interrupting)
     done = SessionInferenceEvent.Completed(answer="x", usage=None, receipt=receipt())
-    assert drive.feed(m.Answered(NextEvent(), done)) == ()
+    assert drive.feed(m.Answered(m.READ, done)) == ()
     effects = drive.feed(m.Answered(FinishUnavailable(), receipt()))
     records = asked(effects)
     assert len(records) == 1 and records[0].event.receipt == receipt()
@@ -401,7 +403,7 @@ def test_sa25_ev03_an_invalid_call_is_answered_without_the_host_then_the_project
     (submit,) = asked(drive.answer(None))
     assert isinstance(submit, SubmitInput) and INVALID_CALL in submit.input
     assert asked(drive.answer(None)) == [
-        RespondAndRead(call_id="c1", result=ToolResult(success=False, output=str(error)))
+        RespondAndRead(call_id="c1", result=ToolResult(success=False, output=str(error)), batch=True)
     ]
     assert isinstance(drive.state, m.Reading)
 
@@ -433,3 +435,104 @@ def test_rs15_complete_at_the_resume_boundary_sends_no_response(value: Any) -> N
     assert asked(drive.answer(value)) == [FinishUnavailable()]  # RS-25: stop overridden, no Respond
     drive.answer(receipt())
     assert drive.answer(None) == (m.Finish(SessionResult(answer="x")),)
+
+
+CONTEXT = ModelContext(model="m", reasoning_effort=None, instructions=None, items=())
+INPUT = SessionInferenceEvent.ProviderInput(context=CONTEXT)
+USAGE = SessionInferenceEvent.UsageUpdated(usage=TokenUsage(input_tokens=2, output_tokens=1))
+
+
+def test_rs10_events_in_hand_before_a_call_are_recorded_by_its_run_tool_request_first() -> None:
+    """RS-10, RS-11: a batch (input, usage, call) is one host request: HostRunTool carrying the two records,
+    in order and with the round, which the host makes before the tool runs."""
+    drive = started_session()
+    (execute,) = asked(drive.answer(InferenceEvents(events=(INPUT, USAGE, CALL))))
+    assert execute == HostRunTool(
+        call_id="c1",
+        call=CALL.call,
+        operation_id=CHILD,
+        idempotency_key=idempotency_key(OP, 1, "c1"),
+        records=(
+            SessionEvent.ProviderInput(round=1, context=CONTEXT),
+            SessionEvent.UsageUpdated(round=1, usage=USAGE.usage),
+        ),
+    )
+    # the records went with that call: the next call's request carries none of them again
+    (respond,) = asked(drive.answer(ProviderResume.Continue(outcome=SessionToolOutcome.success("ok"))))
+    assert isinstance(respond, RespondAndRead) and respond.batch
+    (again,) = asked(drive.answer(CALL))
+    assert isinstance(again, HostRunTool) and again.records == ()
+
+
+def test_rs10_events_in_hand_without_a_call_are_recorded_one_by_one_before_the_next_is_taken() -> None:
+    """RS-10, RS-23: input then completion in hand: the input is recorded on its own and the completion
+    is taken only once that record is answered; then its receipt, then complete_round."""
+    drive = started_session()
+    (record,) = asked(drive.answer(InferenceEvents(events=(INPUT, USAGE))))
+    assert record == HostRecord(event=SessionEvent.ProviderInput(round=1, context=CONTEXT))
+    (record,) = asked(drive.answer(None))
+    assert record == HostRecord(event=SessionEvent.UsageUpdated(round=1, usage=USAGE.usage))
+    assert asked(drive.answer(None)) == [m.READ]  # nothing left in hand: the handle is asked
+    done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt())
+    drive = started_session()
+    (record,) = asked(drive.answer(InferenceEvents(events=(INPUT, done))))
+    assert record == HostRecord(event=SessionEvent.ProviderInput(round=1, context=CONTEXT))
+    effects = drive.answer(None)
+    assert isinstance(effects[0], m.Close)
+    (receipt_record,) = asked(effects)
+    assert isinstance(receipt_record.event, SessionEvent.ProviderReceipt)
+    (complete,) = asked(drive.answer(None))
+    assert isinstance(complete, HostCompleteRound)
+
+
+def test_rs35_a_run_tool_request_whose_record_fails_aborts_after_accounting() -> None:
+    """RS-35, EV-09: the folded record failing fails the HostRunTool request; the run accounts for the open
+    turn (finish_unavailable, its receipt recorded) and then raises that error."""
+    drive = started_session()
+    asked(drive.answer(InferenceEvents(events=(INPUT, CALL))))
+    error = RuntimeError("record failed")
+    assert asked(drive.refuse(error)) == [FinishUnavailable()]
+    effects = drive.answer(receipt("r-int"))
+    (record,) = asked(effects)
+    assert (
+        isinstance(record.event, SessionEvent.ProviderReceipt) and record.event.receipt.receipt_id == "r-int"
+    )
+    (abort,) = [e for e in drive.answer(None) if isinstance(e, m.Abort)]
+    assert abort.error is error
+
+
+def test_a_cancel_during_a_record_stops_before_the_call_in_hand() -> None:
+    """A cancel while the input's own record is out (the batch held no call) ends the run at the next
+    boundary: the completion in hand is still accounted for (its receipt recorded), complete_round never
+    asked."""
+    drive = started_session()
+    done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt())
+    asked(drive.answer(InferenceEvents(events=(INPUT, done))))
+    assert drive.feed(m.Cancel()) == ()
+    effects = drive.answer(None)
+    (record,) = asked(effects)
+    assert isinstance(record.event, SessionEvent.ProviderReceipt)
+    ended = drive.answer(None)
+    assert not any(isinstance(e, m.Ask) for e in ended)
+    (abort,) = [e for e in ended if isinstance(e, m.Abort)]
+    assert isinstance(abort.error, SessionCancelled)
+
+
+def test_ev09_a_failing_record_with_the_completion_in_hand_records_that_receipt_then_raises() -> None:
+    """RS-35, EV-09: the input's record fails while the completion is in hand (the handle ended with it):
+    the run records the completion's receipt, once, without asking the ended handle, then raises the
+    record's error; complete_round is never asked."""
+    drive = started_session()
+    done = SessionInferenceEvent.Completed(answer="fin", usage=None, receipt=receipt("r-done"))
+    asked(drive.answer(InferenceEvents(events=(INPUT, done))))
+    error = RuntimeError("record failed")
+    effects = drive.refuse(error)
+    assert isinstance(effects[0], m.Close)
+    (record,) = asked(effects)
+    assert (
+        isinstance(record.event, SessionEvent.ProviderReceipt) and record.event.receipt.receipt_id == "r-done"
+    )
+    ended = drive.answer(None)
+    assert asked(ended) == []
+    (abort,) = [e for e in ended if isinstance(e, m.Abort)]
+    assert abort.error is error
