@@ -60,10 +60,15 @@ class BenchScripted(ScriptedProvider):
 
 
 def bench_script(spec: str) -> list[dict[str, Any]]:
+    """``events=N delay=SECONDS`` (N text events), and ``calls=K`` first: K tool calls before the text."""
     fields = dict(part.split("=", 1) for part in spec.split())
     events, delay = int(fields["events"]), float(fields["delay"])
     step: list[dict[str, Any]] = [{"text": "x"}] + ([{"delay": delay}] if delay > 0 else [])
-    return step * events
+    calls = [
+        {"call": {"name": "bench", "arguments": {"i": i}}, "id": f"call_{i}"}
+        for i in range(int(fields.get("calls", 0)))
+    ]
+    return calls + step * events
 
 
 class BenchHost:
@@ -104,6 +109,71 @@ class BenchHost:
         from actors.runs.session import SessionControl
 
         return SessionControl.Continue()
+
+
+class BenchToolHost:
+    """A zero-latency SessionHost for tool rounds: one provider turn of ``rounds - 1`` tool calls and its
+    answer (``Echo(seq=rounds)`` to ``toolhost.rounds`` sets it), each call run at once and continued, the
+    completion ending the run: the cost per tool round (scripts/bench --only session)."""
+
+    def __init__(self) -> None:
+        self.rounds = 1
+        self.calls = 0
+
+    def prepare_round(self, round: int) -> Any:
+        from actors.inference.handle import PreparedRound
+        from actors.runs.session import RoundPreparation
+
+        spec = f"calls={self.rounds - 1} events=1 delay=0"
+        return RoundPreparation.Run(
+            prepared=PreparedRound(
+                input=spec,
+                provider_input=spec,
+                continuation=None,
+                model="scripted",
+                reasoning_effort="",
+                tool_description="bench(i): nothing",
+                timeout=None,
+            )
+        )
+
+    def record(self, event: Any) -> None:
+        return None
+
+    def execute_tool(self, call: Any, provider_operation_id: Any) -> Any:
+        from actors.runs.session import SessionToolOutcome
+
+        self.calls += 1
+        return SessionToolOutcome.success("ok")
+
+    def prepare_provider_resume(self, outcome: Any) -> Any:
+        from actors.runs.session import ProviderResume
+
+        return ProviderResume.Continue(outcome=outcome)
+
+    def complete_capture(self, capture: Any, contents: str) -> Any:
+        raise RuntimeError("the bench host captures nothing")
+
+    def complete_round(self, completion: Any) -> Any:
+        from actors.runs.session import SessionControl
+
+        return SessionControl.Complete(answer=completion.answer)
+
+
+class ToolRoundsActor(BusActor):
+    """``Echo(seq=n>0)``: the tool host's next runs have n rounds, its call count zeroed; ``Echo(seq=0)`` is
+    answered with that count."""
+
+    def __init__(self, node: Any, address: str, *, host: BenchToolHost) -> None:
+        super().__init__(node, address)
+        self.host = host
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        if not isinstance(message, Echo):
+            raise TypeError(f"toolhost.rounds does not answer {type(message).__name__}")
+        if message.seq > 0:
+            self.host.rounds, self.host.calls = message.seq, 0
+        return Echo(seq=self.host.calls)
 
 
 class SinkActor(BusActor):
@@ -225,6 +295,9 @@ def main() -> int:
         plain.spawn(SinkActor, "sink")
         plain.spawn(RouterActor, "router", providers={"scripted": BenchScripted()})
         plain.spawn(HostActor, "host", host=BenchHost())
+        tool_host = BenchToolHost()
+        plain.spawn(HostActor, "toolhost", host=tool_host)
+        plain.spawn(ToolRoundsActor, "toolhost.rounds", host=tool_host)
         curve = Node(
             "srv", bind=["tcp://127.0.0.1:*"], security=Security(keys=keys, allow={args.allow: "bench"})
         ).start()

@@ -52,6 +52,8 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
         _positive(report, "throughput_ratio", t)
         delivery = report["bus_delivery"][t]
         assert delivery["delivered"] + delivery["dropped"] == delivery["sent"], delivery
+    _positive(report, "session", "us_per_round")
+    _positive(report, "session", "us_per_tool_round")  # the host ran every call (the bench checks)
     for key in ("cpu_count", "python", "pyzmq", "libzmq"):
         assert report["machine"][key], f"machine.{key} missing"
     assert "Round-trip time" in proc.stdout and "One-way throughput" in proc.stdout
