@@ -1017,3 +1017,25 @@ def test_rt08_session_tool_outcome_constructors() -> None:
         assert made == SessionToolOutcome(
             text="t", ok=ok, capture=None, stop=False, finish_after_round=False, emitted_response=False
         )
+
+
+def test_rs10_rs35_a_failing_record_that_came_with_a_tool_call_stops_the_call_from_running(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """RS-10, RS-35, EV-09: the model's input after the first tool result comes with the second call (one
+    Router reply, one host request). Its record failing fails that request: the second tool never runs,
+    and the run raises that error after recording the open turn's receipt once."""
+    provider.add([tool("c1"), tool("c2"), {"text": "never"}])
+    inputs = iter(range(10))
+
+    def second_input_fails(event: Any) -> None:
+        if isinstance(event, SessionEvent.ProviderInput) and next(inputs) == 1:
+            raise SessionHostError("the second input's record failed")
+
+    host.record_with = second_input_fails
+    with pytest.raises(SessionHostError, match="second input"):
+        run(topology)
+    assert len([e for e in host.trace if e[0] == "execute_tool"]) == 1  # c1's only
+    names = host.names()
+    assert names[-2:] == ["ProviderInput", "ProviderReceipt"]
+    assert len(host.events(SessionEvent.ProviderReceipt)) == 1
