@@ -71,22 +71,27 @@ def bench_script(spec: str) -> list[dict[str, Any]]:
     return calls + step * events
 
 
+def prepared(spec: str, tools: str) -> Any:
+    """The round a bench host prepares: the scripted model, scripted by ``spec`` (``bench_script``)."""
+    from actors.inference.handle import PreparedRound
+
+    return PreparedRound(
+        input=spec,
+        provider_input=spec,
+        continuation=None,
+        model="scripted",
+        reasoning_effort="",
+        tool_description=tools,
+        timeout=None,
+    )
+
+
 class BenchHost:
     """A zero-latency SessionHost: every round runs one scripted one-event turn until ``rounds``, then
     completes. Measures the session loop's own cost per round (scripts/bench --only session)."""
 
     def __init__(self) -> None:
-        from actors.inference.handle import PreparedRound
-
-        self._prepared = PreparedRound(
-            input="events=1 delay=0",
-            provider_input="events=1 delay=0",
-            continuation=None,
-            model="scripted",
-            reasoning_effort="",
-            tool_description="bench",
-            timeout=None,
-        )
+        self._prepared = prepared("events=1 delay=0", "bench")
 
     def prepare_round(self, round: int) -> Any:
         from actors.runs.session import RoundPreparation
@@ -121,21 +126,10 @@ class BenchToolHost:
         self.calls = 0
 
     def prepare_round(self, round: int) -> Any:
-        from actors.inference.handle import PreparedRound
         from actors.runs.session import RoundPreparation
 
         spec = f"calls={self.rounds - 1} events=1 delay=0"
-        return RoundPreparation.Run(
-            prepared=PreparedRound(
-                input=spec,
-                provider_input=spec,
-                continuation=None,
-                model="scripted",
-                reasoning_effort="",
-                tool_description="bench(i): nothing",
-                timeout=None,
-            )
-        )
+        return RoundPreparation.Run(prepared=prepared(spec, "bench(i): nothing"))
 
     def record(self, event: Any) -> None:
         return None

@@ -745,12 +745,8 @@ def flat(parts: list[Any]) -> list[Any]:
     return [e for p in parts for e in (p.events if isinstance(p, TurnEventBatch) else (p,))]
 
 
-def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_events_up_to_the_next_decision(
-    node: Node, router: RouterClient, provider: ScriptedProvider
-) -> None:
-    """The real Router: a partial Ok, then the events that follow the result up to the turn's next decision
-    (the model's next input, then its next call as the final reply); an unknown call fails before any
-    partial; a plain request with read_on is answered Ok and reads nothing."""
+def two_calls_read_to_the_first(router: RouterClient, provider: ScriptedProvider) -> uuid.UUID:
+    """A turn scripted with calls c1, c2 and an answer, read (one event a read) up to c1; its operation."""
     call = {"name": "t", "arguments": {}}
     provider.add([{"call": call, "id": "c1"}, {"call": call, "id": "c2"}, {"text": "after"}])
     start = StartTurn(
@@ -759,6 +755,16 @@ def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_events_up_t
     op = router.start_turn(start).operation_id
     while not isinstance(router.next_event(op), TurnToolCall):
         pass
+    return op
+
+
+def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_events_up_to_the_next_decision(
+    node: Node, router: RouterClient, provider: ScriptedProvider
+) -> None:
+    """The real Router: a partial Ok, then the events that follow the result up to the turn's next decision
+    (the model's next input, then its next call as the final reply); an unknown call fails before any
+    partial; a plain request with read_on is answered Ok and reads nothing."""
+    op = two_calls_read_to_the_first(router, provider)
     bad = RespondCall(operation_id=op, call_id="nope", result=OK, read_on=True)
     with pytest.raises(InvalidCallId):
         next(node.stream(router.address, bad, timeout=WAIT))
@@ -1069,14 +1075,7 @@ def test_a_reading_on_respond_whose_next_call_is_ready_gets_it_with_the_input_in
     """The real Router: the events one provider step produces go to the reader together. When the input
     and the next call are both queued, the reading-on respond is answered with its partial Ok and then one
     final ``TurnEventBatch`` ending with the call: two replies, not one per event."""
-    call = {"name": "t", "arguments": {}}
-    provider.add([{"call": call, "id": "c1"}, {"call": call, "id": "c2"}, {"text": "after"}])
-    start = StartTurn(
-        user_id="u1", parent_operation_id=PARENT, model="scripted", input="go", tool_description="t()"
-    )
-    op = router.start_turn(start).operation_id
-    while not isinstance(router.next_event(op), TurnToolCall):
-        pass
+    op = two_calls_read_to_the_first(router, provider)
     parts = list(
         node.stream(
             router.address, RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True), timeout=WAIT
