@@ -12,6 +12,7 @@ through ``next_event``, ``respond``, ``finish_unavailable`` or ``close`` (SI-04)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Mapping
@@ -578,21 +579,18 @@ class InferenceHandleActor(BusActor):
                 return
             if state.buffered:
                 head, rest = state.buffered[0], state.buffered[1:]
-                taken: Outcome | InferenceEvents = head  # type: ignore[assignment]
-                if isinstance(head, _Together):
-                    events = head.events
-                    if readers[0][1]:  # a batch reader: up to and including the first decision
-                        n = next(
-                            (i + 1 for i, e in enumerate(events) if isinstance(e, DECISIONS)), len(events)
-                        )
-                    else:
-                        n = 1
-                    taken = InferenceEvents(events=events[:n]) if n > 1 else events[0]
-                    left = events[n:]
-                    if left:
-                        rest = (_Together(left) if len(left) > 1 else left[0], *rest)
+                if not isinstance(head, _Together):
+                    self._state = replace(state, buffered=rest)
+                    self._give(head)
+                    continue
+                events, n = head.events, 1
+                if readers[0][1]:  # a batch reader: up to and including the first decision
+                    n = next((i + 1 for i, e in enumerate(events) if isinstance(e, DECISIONS)), len(events))
+                left = events[n:]
+                if left:
+                    rest = (_Together(left) if len(left) > 1 else left[0], *rest)
                 self._state = replace(state, buffered=rest)
-                self._give(taken)
+                self._give(InferenceEvents(events=events[:n]) if n > 1 else events[0])
                 continue
             if not state.reading:
                 self._state = replace(state, reading=True)
@@ -676,17 +674,14 @@ class InferenceHandleActor(BusActor):
         state = self._state
         if not isinstance(state, Active) or len(state.buffered) - held < 2:
             return
-        grouped: list[Any] = list(state.buffered[:held])
-        run: list[Any] = []
-        for outcome in (*state.buffered[held:], None):
-            if _is_event(outcome) and outcome is not None:
-                run.append(outcome)
-                continue
-            if run:
-                grouped.append(_Together(tuple(run)) if len(run) > 1 else run[0])
-                run = []
-            grouped.append(outcome)
-        self._state = replace(state, buffered=tuple(grouped[:-1]))  # the last: the loop's own end marker
+        grouped: list[Outcome | _Together] = list(state.buffered[:held])
+        for events, run in itertools.groupby(state.buffered[held:], key=_is_event):
+            outcomes = tuple(run)
+            if events and len(outcomes) > 1:
+                grouped.append(_Together(outcomes))  # type: ignore[arg-type]  # events only (the key)
+            else:
+                grouped.extend(outcomes)
+        self._state = replace(state, buffered=tuple(grouped))
 
     def _give(self, outcome: Outcome | InferenceEvents) -> None:
         """Answer the first live reader with ``outcome`` and apply what it means for the handle."""
