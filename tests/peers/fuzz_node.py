@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One node running every actor type kbus has, in its own process, for the fuzzer (tests/peers/fuzz.py).
 
-Actors: ``echo``, ``router`` (scripted provider), ``chat`` (a conversation, with its tool host
+Actors: ``echo``, ``router`` (the scripted model only), ``chat`` (a conversation, with its tool host
 ``chat.host``), ``sessions`` (the session-loop service), ``host`` (a subagent ``RunHostActor``) and, with
 ``--codex``, ``codex`` (the Codex adapter over the real codex binary, its model the fake Responses server
 at ``--base-url``). SIGUSR1 dumps every thread's stack to stderr. Prints
@@ -28,6 +28,7 @@ from actors.codex.facade import Adapter
 from actors.codex.types import AdapterConfig, DynamicTool
 from actors.conversation import ConversationRuntime, ToolRegistry
 from actors.router.actor import RouterActor
+from actors.router.catalog import DEFAULT_CATALOG, ModelCatalog
 from actors.router.providers.scripted import ScriptedProvider
 from actors.runs.session import SessionLoopService
 from actors.runs.subagent import RunHostActor, ToolOutcome
@@ -77,7 +78,18 @@ def main() -> int:
     node.start()
     node.spawn(EchoActor, "echo")
     provider = ScriptedProvider(default=[{"text": "ok"}])
-    node.spawn(RouterActor, "router", data_dir=data / "router", providers={"scripted": provider})
+    # Only the scripted model: a fuzzed StartTurn naming the embedded one ("smollm2", "local", "default")
+    # is answered UnknownModel instead of loading a 250 MB model into this process, which the fuzz test's
+    # memory bound would count as growth (seed 18 drew such a frame once RouterStats grew a field).
+    _, entry, scripted = DEFAULT_CATALOG.resolve("scripted")
+    catalog = ModelCatalog((entry,), (scripted,), source="fuzz_node.py")
+    node.spawn(
+        RouterActor,
+        "router",
+        catalog=catalog,
+        data_dir=data / "router",
+        providers={"scripted": provider},
+    )
     tools = ToolRegistry()
     tools.register(add)
     chat = ConversationRuntime.builder().node(node).llm("scripted").tools(tools).name("chat").build()
