@@ -99,11 +99,12 @@ class _Hosted:
 class _HostedInbox:
     """A hosted actor's inbox (pykka's put/get/empty): every item goes into its host's mailbox."""
 
-    __slots__ = ("_actor", "_host")
+    __slots__ = ("_actor", "_host", "owner")
 
-    def __init__(self, host: Any, actor: BusActor) -> None:
+    def __init__(self, host: Any, actor: BusActor, owner: BusActor) -> None:
         self._host = host
         self._actor = actor
+        self.owner = owner  # the hosting actor
 
     def put(self, envelope: Any) -> None:
         self._host.put(_Hosted(self._actor, envelope))
@@ -113,6 +114,9 @@ class _HostedInbox:
 
     def empty(self) -> bool:
         return True
+
+
+DRAIN_BOUND: Final = 256  # a host's items after which a hosted actor's ``when_drained`` is called anyway
 
 
 class Deferred:
@@ -253,6 +257,9 @@ class BusActor(pykka.ThreadingActor):
         self.bus_input_failures = 0  # inbound messages whose handling failed past every error reply
         self.bus_counts = node.actor_counts(self.name)  # handled / failed, read by sys.stats
         self._hosted: set[BusActor] = set()  # actors this one hosts (host_actor), until they stop
+        self._held_answers: list[tuple[Context, str, bytes, str, Any]] | None = None  # see hold_answers
+        self._drain_wanted = False  # see when_drained
+        self._drain_waiters: dict[BusActor, int] = {}  # hosted actors waiting for a drain -> items since
 
     # ------------------------------------------------------------------------------- subclass API
     def handle(self, message: Any, ctx: Context) -> Any:
@@ -325,7 +332,7 @@ class BusActor(pykka.ThreadingActor):
         if self.node.lookup(name) is not None:
             raise ValueError(f"{address} exists already")
         actor = actor_class(self.node, address, *args, **kwargs)
-        inbox = _HostedInbox(self.actor_inbox, actor)
+        inbox = _HostedInbox(self.actor_inbox, actor, self)
         actor.actor_inbox = inbox
         actor.actor_ref.actor_inbox = inbox
         self._hosted.add(actor)
@@ -407,6 +414,13 @@ class BusActor(pykka.ThreadingActor):
             self.actor_inbox.close()
 
     def _handle_receive(self, message: Any) -> Any:
+        try:
+            return self._dispatch(message)
+        finally:
+            if self._drain_wanted or self._drain_waiters:
+                self._after_item()
+
+    def _dispatch(self, message: Any) -> Any:
         # Bus traffic skips pykka's checks for its own system messages (stop, proxy calls): it is the
         # bulk of what an actor receives, and the hot path of every request.
         kind = type(message)
@@ -592,9 +606,88 @@ class BusActor(pykka.ThreadingActor):
     def _bus_late_answer(self) -> None:
         self.node.stats.incr("late_answers")
 
+    # ---------------------------------------------------------------------------- held answers
+    def hold_answers(self) -> None:
+        """Keep every answer this actor gives from now on (replies, partials, tell errors) until
+        ``release_answers``: for an actor whose answers report facts that are not durable yet (a group
+        commit in progress). Their order is kept. Idempotent while holding."""
+        if self._held_answers is None:
+            self._held_answers = []
+
+    @property
+    def holding_answers(self) -> bool:
+        return self._held_answers is not None
+
+    def when_drained(self) -> None:
+        """Ask for one call of ``on_drained``, on this actor's thread, once nothing more waits in its mailbox
+        after an item (a hosted actor: its host's mailbox, or after ``DRAIN_BOUND`` of the host's items, so
+        that a busy host's other actors cannot put it off for ever)."""
+        inbox = self.actor_inbox
+        if isinstance(inbox, _HostedInbox):
+            inbox.owner._drain_waiters.setdefault(self, 0)
+        else:
+            self._drain_wanted = True
+
+    def on_drained(self) -> None:
+        """See ``when_drained``."""
+
+    def _after_item(self) -> None:
+        if self._drain_wanted and not self.mail_waiting():
+            self._drain_wanted = False
+            self.on_drained()
+        if not self._drain_waiters:
+            return
+        waiting = self.mail_waiting()
+        for actor, seen in list(self._drain_waiters.items()):
+            if waiting and seen + 1 < DRAIN_BOUND:
+                self._drain_waiters[actor] = seen + 1
+                continue
+            del self._drain_waiters[actor]
+            mark_actor_thread(actor.address)
+            try:
+                actor.on_drained()
+            except Exception:  # as a hosted item's failure: logged, the host lives on
+                log.exception("%s: on_drained raised", actor.address)
+            finally:
+                mark_actor_thread(self.address)
+
+    def mail_waiting(self) -> bool:
+        """Whether another item waits in this actor's own mailbox right now (a direct actor's: its local
+        items and its own socket). Not for a hosted actor: its host's mailbox holds others' items too."""
+        inbox = self.actor_inbox
+        if isinstance(inbox, _HostedInbox):
+            raise RuntimeError(f"{self.address} is hosted: its host's mailbox is not its own")
+        if isinstance(inbox, SocketInbox):
+            return inbox.waiting()
+        return not inbox.empty()
+
+    def release_answers(self, failed: Callable[[Context], BaseException | None] | None = None) -> None:
+        """Send the held answers, in order, and stop holding. ``failed(ctx)`` may name an error for a held
+        request instead: that request is then answered with it once (what was held for it is dropped)."""
+        held, self._held_answers = self._held_answers, None
+        if not held:
+            return
+        errors: dict[int, BaseException | None] = {}
+        for ctx, tag, body, flow, message in held:
+            key = id(ctx)
+            if key not in errors:
+                error = errors[key] = failed(ctx) if failed is not None else None
+                if error is not None:
+                    self._bus_send_answer(
+                        ctx,
+                        ErrorReply.TAG,
+                        self.node.registry.encode_error(error),
+                        "reply" if ctx.header.is_request else "tell",
+                    )
+            if errors[key] is None:
+                self._bus_send_answer(ctx, tag, body, flow, message)
+
     def _bus_send_answer(self, ctx: Context, tag: str, body: bytes, flow: str, message: Any = None) -> None:
         """Send an answer to ``ctx``'s sender (encoded, or ``message`` itself as ``Node.encode_for`` gave
-        it); a failure is counted and logged once, never raised."""
+        it); a failure is counted and logged once, never raised. Kept instead while answers are held."""
+        if self._held_answers is not None:
+            self._held_answers.append((ctx, tag, body, flow, message))
+            return
         node = self.node
         header = ctx.header
         try:

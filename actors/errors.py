@@ -21,6 +21,7 @@ unknown, expired, refused as malformed. The classes here say why an actor's work
        ├─ Broken                          something outside the caller's control failed
        │  ├─ ProviderFailed               the provider answered with an error
        │  ├─ ProviderUnavailable          the provider could not be reached, or went away
+       │  ├─ LedgerUnavailable            the receipt ledger could not commit what it reports
        │  ├─ AdapterError                 the codex child (``kind`` says how; its stderr in diagnostics)
        │  ├─ EffectStoreError             the outcome store cannot be written (the effect did not run)
        │  ├─ SessionHostError             a session host aborted the run

@@ -34,7 +34,7 @@ import os
 import re
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 from pykka._envelope import Envelope  # pykka's own mailbox item; pinned to pykka 4 in setup.cfg
@@ -138,6 +138,14 @@ class SocketInbox:
 
     def empty(self) -> bool:
         return not self._local
+
+    def waiting(self) -> bool:
+        """Whether ``get`` would return at once: an item from a local sender, or a message on the actor's
+        own socket (owner thread only; a lane's replies are not looked at)."""
+        if self._local:
+            return True
+        sock = self._sock
+        return sock is not None and bool(cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def qsize(self) -> int:
         """Items waiting from local senders (what waits on the socket is libzmq's to count)."""

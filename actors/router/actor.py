@@ -17,6 +17,17 @@ Durability (DESIGN.md 4a; the ledger's docstring has the details):
   row into the receipt. A Router starting on a data dir first turns every open row of a dead incarnation
   into one ``interrupted`` receipt, before it serves anything. Usage streamed so far is staged and written
   with the next ledger write, on each housekeeping tick and before a tool call is reported.
+- **Group commit.** The first ledger write after a commit (an intent, a receipt, streamed usage) opens a
+  group; it is committed when, after a message, nothing more waits in this actor's mailbox (a hosted
+  Router's: its host's; ``BusActor.when_drained``), or after ``GROUP_MESSAGES`` of its messages. What
+  waited meanwhile (a burst of turns' starts, steps and ends, or what arrived during the last commit)
+  writes into the same transaction: one commit, one fsync. Until that commit has returned every answer
+  of this actor is held, in order, and a turn's provider starts only after it: nobody hears of an intent
+  or a receipt, and no provider runs, before it is on disk. A lone request is committed as it is
+  handled, as without groups. A commit that fails leaves nothing of its group on disk: the turns it
+  would have started are refused with ``TurnNotStarted`` (nothing ran), the receipts it settled are
+  written again one by one, and only if one of those fails as well are the held answers failed with
+  ``LedgerUnavailable``.
 - **No turn waits forever.** Every ``tick_s`` the Router looks at each turn that is *idle on its owner*
   (the StartTurn's sender): a tool call it surfaced is unanswered, the stream closed and waits for
   ``FinishUnavailable``, or no read of the owner is outstanding. Such a turn's owner is sent a heartbeat
@@ -43,6 +54,7 @@ Durability (DESIGN.md 4a; the ledger's docstring has the details):
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import math
@@ -66,6 +78,7 @@ from actors.router.messages import (
     GetReceiptsFor,
     GetRouterStats,
     InvalidCallId,
+    LedgerUnavailable,
     NextTurnEvent,
     OperationsCancelled,
     ProviderFailed,
@@ -111,7 +124,7 @@ from actors.router.providers.base import (
     UsageUpdate,
     estimate_tokens,
 )
-from actors.router.receipts import Intent, ReceiptLedger
+from actors.router.receipts import Commit, Intent, ReceiptLedger
 from actors.router.stepping import (
     STEP,
     CancelTurn,
@@ -182,6 +195,8 @@ CALL_KTOOL_PARAMETERS: Mapping[str, Any] = {
 
 _BATCH = 256  # events per stream part at most (bounded frame size; text deltas are small)
 TURN_WORKERS = 4  # worker actors for blocking providers (the pool), started as turns need them
+# The most mailbox messages one ledger group spans: what a busy Router holds its answers for is bounded.
+GROUP_MESSAGES = 256
 MAX_TURN_TIMEOUT_S = 7 * 24 * 3600.0  # the longest StartTurn.timeout_s: a week (a typed error past it)
 
 
@@ -232,11 +247,21 @@ class RouterActor(BusActor):
         finished_grace_s: float = FINISHED_GRACE_S,
         recent_receipts: int = RECENT_RECEIPTS,
         turn_workers: int = TURN_WORKERS,
+        ledger_commit: Commit | None = None,
     ) -> None:
         super().__init__(node, address)
         self.catalog = catalog or DEFAULT_CATALOG
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._ledger: ReceiptLedger | None = None
+        self._ledger_commit = ledger_commit  # how the ledger commits (a test's fake disk; see receipts.py)
+        # Group commit (see the module docstring): the ledger group open since this actor's first write
+        # after the last commit, the turns it settled, and the StartTurn requests refused at its commit.
+        self._group: contextlib.AbstractContextManager[None] | None = None
+        self._committing = False
+        self._group_messages = 0  # handled since the open group opened
+        self._group_settled: list[Turn] = []
+        self._refused: dict[int, BaseException] = {}
+        self._unstarted: set[uuid.UUID] = set()  # turns refused at a failed commit: no receipt is owed
         self._provider_overrides = dict(providers or {})
         self._providers: dict[str, Provider] = {}
         self._env = env
@@ -281,7 +306,9 @@ class RouterActor(BusActor):
         started_ms = self._clock_ms()  # read with or without a ledger: a replay reads the clock alike
         if self._data_dir is not None:
             # Opened on this thread: sqlite connections are thread-bound, and only the Router writes.
-            ledger = ReceiptLedger(self._data_dir / "receipts.sqlite3")
+            path = self._data_dir / "receipts.sqlite3"
+            commit = self._ledger_commit
+            ledger = ReceiptLedger(path) if commit is None else ReceiptLedger(path, commit=commit)
             try:
                 ledger.begin_incarnation()
                 # Before anything is served: a dead incarnation's open turns become interrupted receipts.
@@ -302,6 +329,8 @@ class RouterActor(BusActor):
     def on_stop(self) -> None:
         if self._stop_ticker is not None:
             self._stop_ticker()
+        self._commit_group()  # what the open group wrote, and the answers it holds
+        self._committing = True  # from here each write commits on its own: no commit message will come
         for turn in list(self._turns.values()):
             if not turn.done:
                 turn.io.cancel()
@@ -369,6 +398,7 @@ class RouterActor(BusActor):
                     recent=len(self._recent),
                     incarnation=self._ledger.incarnation if self._ledger is not None else None,
                     recovered=self._recovered,
+                    commits=self._ledger.commits if self._ledger is not None else None,
                 )
         raise ProtocolError(f"the Router does not handle {type(message).__name__}")
 
@@ -460,9 +490,11 @@ class RouterActor(BusActor):
             provider = tape.provider(self.address)
         started_ms = self._clock_ms()
         receipt_id = f"rcpt-{recorded_uuid(self.node, self.address)}"
-        if self._ledger is not None:
+        ledger = self._ledger
+        if ledger is not None:
+            self._join_group()
             try:  # the intent is durable before the provider can run: a crash from here on is accounted
-                self._ledger.open(
+                ledger.open(
                     Intent(
                         operation_id=op,
                         receipt_id=receipt_id,
@@ -507,20 +539,122 @@ class RouterActor(BusActor):
             tools=spec.tools,
             # The provider entry's options configured its client already; per-turn overrides go here.
         )
+        if ledger is not None and ledger.in_group:
+            # Its provider starts when the group's commit has put the intent on disk, not before.
+            ledger.when_durable(lambda error: self._begin_durable(turn, host, provider, request, ctx, error))
+        else:
+            self._begin(turn, host, provider, request)
         ref = self.actor_ref
-        try:
-            if not replaying(self.node):  # a replay's provider events come from the log
-                host(lambda: self._steps(provider, request, io))
-        except RuntimeError as exc:  # no worker to be had: the intent is settled, nothing ran
-            self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
-            self._release(turn)
-            assert turn.failure is not None
-            raise turn.failure from exc
         if spec.timeout_s is not None and not replaying(self.node):
             turn.timer = self.node.call_at(
                 self.node.monotonic() + spec.timeout_s, lambda: _tell_quietly(ref, TimedOut(op))
             )
         return TurnStarted(operation_id=op, model=resolved)
+
+    def _begin(
+        self, turn: Turn, host: Callable[[Any], None], provider: Provider, request: TurnRequest
+    ) -> None:
+        """Start the turn's provider (its intent is durable); raises the turn's failure if it cannot."""
+        try:
+            if not replaying(self.node):  # a replay's provider events come from the log
+                host(lambda: self._steps(provider, request, turn.io))
+        except RuntimeError as exc:  # no worker to be had: the intent is settled, nothing ran
+            self._fail(turn, "failed", ProviderFailed, f"the turn's worker could not start: {exc}", cause=exc)
+            self._release(turn)
+            assert turn.failure is not None
+            raise turn.failure from exc
+
+    def _begin_durable(
+        self,
+        turn: Turn,
+        host: Callable[[Any], None],
+        provider: Provider,
+        request: TurnRequest,
+        ctx: Context,
+        error: BaseException | None,
+    ) -> None:
+        """The group holding ``turn``'s intent has committed (``error`` None) or failed: start it, or refuse
+        its StartTurn as if the intent's own write had failed (nothing ran, no operation exists)."""
+        if error is not None:
+            refused = TurnNotStarted(f"the turn's intent could not be recorded: {error}"[:500], kind="ledger")
+            refused.__cause__ = error
+            turn.failure = refused
+            self._release(turn)
+            self._unlink(turn.operation_id)
+            self._refused[id(ctx)] = refused
+            self._unstarted.add(turn.operation_id)
+            return
+        if turn.done:
+            return  # cancelled (or timed out) before its intent was on disk: it never runs
+        try:
+            self._begin(turn, host, provider, request)
+        except RouterError as exc:
+            self._refused[id(ctx)] = exc  # its StartTurn is answered with why, as without a group
+
+    # ----------------------------------------------------------------------------------- group commit
+    def _handle_receive(self, message: Any) -> Any:
+        try:
+            return super()._handle_receive(message)  # commits the group when the mailbox drains
+        finally:
+            if self._group is not None:
+                self._group_messages += 1
+                if self._group_messages >= GROUP_MESSAGES:
+                    self._commit_group()
+
+    def on_drained(self) -> None:
+        self._commit_group()
+
+    def _join_group(self) -> None:
+        """Before a ledger write: join the open group, or open one and hold this actor's answers until its
+        commit. The group commits once this actor's mailbox has nothing more waiting (``on_drained``), or
+        after ``GROUP_MESSAGES`` of its messages: what waited meanwhile shares it (one fsync for a burst)."""
+        if self._group is not None or self._committing or self._ledger is None:
+            return
+        group = self._ledger.group()
+        group.__enter__()
+        self._group = group
+        self._group_messages = 0
+        self.hold_answers()
+        self.when_drained()
+
+    def _commit_group(self) -> None:
+        """Commit the open group (one fsync), start the turns whose intents it held, then send the answers
+        held since it opened. If the commit fails, nothing of the group is on disk: its turns that had not
+        started are refused (``TurnNotStarted``), the receipts it settled are written again one by one, and
+        only if one of those fails too is every held answer failed with ``LedgerUnavailable``."""
+        group = self._group
+        if group is None:
+            return
+        settled, self._group_settled = self._group_settled, []
+        self._committing = True
+        failure: BaseException | None = None
+        try:
+            group.__exit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001 - a disk's error, told to whoever the group held
+            failure = exc
+        finally:
+            self._group = None
+            self._committing = False
+        broken: BaseException | None = None
+        if failure is not None:
+            log.error("%s: a ledger group commit failed: %s", self.address, failure)
+            assert self._ledger is not None
+            unstarted, self._unstarted = self._unstarted, set()
+            for turn in settled:
+                if turn.operation_id in unstarted or turn.receipt is None:
+                    continue  # never started: no operation exists, so no receipt is written
+                try:
+                    self._ledger.record(turn.receipt)
+                except (sqlite3.Error, OSError) as exc:
+                    broken = LedgerUnavailable(
+                        f"the receipt ledger could not commit: {exc}"[:500], receipt=turn.receipt
+                    )
+                    log.error("%s: writing receipt %s again failed: %s", self.address, turn.receipt, exc)
+        refused, self._refused = self._refused, {}
+        if not refused and broken is None:
+            self.release_answers()
+        else:
+            self.release_answers(lambda ctx: refused.get(id(ctx), broken))
 
     def _hosting(self, provider: Provider, op: uuid.UUID) -> tuple[WorkerIO, Callable[[Any], None]]:
         """The turn's IO and how to host it (called with a function making its steps): on this actor
@@ -673,6 +807,7 @@ class RouterActor(BusActor):
 
     def _flush_usage(self) -> None:
         if self._ledger is not None and self._ledger.staged:
+            self._join_group()
             try:
                 self._ledger.flush()
             except sqlite3.Error:
@@ -881,7 +1016,10 @@ class RouterActor(BusActor):
             error=error,
         )
         if self._ledger is not None:
+            self._join_group()
             receipt = self._ledger.record(receipt)  # settles the open row; the stored one wins (exactly once)
+            if self._group is not None:
+                self._group_settled.append(turn)
         turn.receipt = receipt
         turn.settled_at = self._monotonic()
         return receipt

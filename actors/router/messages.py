@@ -177,7 +177,8 @@ class RouterStats:
     """``turns``: turns in memory (running, or ended and not yet delivered); ``links``: parent operations
     with children in memory; ``recent``: receipts kept in memory (only without a data dir); ``incarnation``:
     this Router's incarnation in its ledger (None without a data dir); ``recovered``: receipts it wrote at
-    start for turns an earlier, dead incarnation left open."""
+    start for turns an earlier, dead incarnation left open; ``commits``: write transactions its ledger has
+    committed, each one fsync (a group commit counts once; None without a data dir)."""
 
     TAG: ClassVar[str] = "router.stats"
     turns: int
@@ -185,6 +186,7 @@ class RouterStats:
     recent: int
     incarnation: str | None
     recovered: int
+    commits: int | None = None
 
 
 # ------------------------------------------------------------------------------------------------- events
@@ -319,6 +321,14 @@ class ProviderUnavailable(RouterError, Broken):
     WIRE = "router.provider_unavailable"
 
 
+class LedgerUnavailable(RouterError, Broken):
+    """The receipt ledger could not commit what this answer would have reported (a disk's error, and
+    again when the receipt was written once more): it is not known to be on disk. The receipt, when one is
+    attached, is the Router's in memory; a later Router accounts the turn from its open row."""
+
+    WIRE = "router.ledger_unavailable"
+
+
 class TurnCancelled(RouterError, Cancelled):
     WIRE = "router.cancelled"
 
@@ -363,6 +373,7 @@ ROUTER_ERRORS: tuple[type[BusError], ...] = (
     InvalidCallId,
     ProviderFailed,
     ProviderUnavailable,
+    LedgerUnavailable,
     TurnCancelled,
     TurnTimedOut,
 )
