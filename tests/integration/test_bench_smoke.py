@@ -54,6 +54,9 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
         assert delivery["delivered"] + delivery["dropped"] == delivery["sent"], delivery
     _positive(report, "session", "us_per_round")
     _positive(report, "session", "us_per_tool_round")  # the host ran every call (the bench checks)
+    for clients in ("clients_1", "clients_32"):  # turns against a Router with a data dir, its commits counted
+        _positive(report, "router_durable", clients, "turns_per_s")
+        assert 0 < report["router_durable"][clients]["commits_per_turn"] <= 2, report["router_durable"]
     for key in ("cpu_count", "python", "pyzmq", "libzmq"):
         assert report["machine"][key], f"machine.{key} missing"
     assert "Round-trip time" in proc.stdout and "One-way throughput" in proc.stdout
