@@ -330,39 +330,82 @@ def _json_copy(value: Any, budget: int, depth: int) -> tuple[int, Any]:
     return -1, value
 
 
-def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, depth: int) -> tuple[int, Any]:
+class _Copiers(dict[type[Any], Callable[[Any, "_Copiers", int, int], tuple[int, Any]]]):
+    """A registry's compiled ``_copied`` step per message class, made on first use (``_copier``); ``fields``
+    is the registry's table of each class's field names."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[type[Any], tuple[str, ...]]) -> None:
+        super().__init__()
+        self.fields = fields
+
+
+def _copier(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, _Copiers, int, int], tuple[int, Any]]:
+    """``_copied``'s step for one message class, written out field by field (as dataclasses writes an
+    ``__init__``): the same arithmetic as the walk over ``names``, with each field's constant part (its
+    name, its map entry) summed once. A string, None, bool, float, in-range int or UUID field is counted in
+    place; any other value goes through ``_copied``; a field whose value was copied makes the class build
+    a new message, as decoding builds it."""
+    const = 16 + sum(16 + 4 * len(name) for name in names)
+    lines = [
+        "def copy(_value_, _copiers_, _budget_, _depth_):",
+        f"    _budget_ -= {const}",
+        "    if _depth_ > 32 or _budget_ < 0:",
+        "        return -1, _value_",
+        "    _changed_ = False",
+    ]
+    for i, name in enumerate(names):
+        v = f"_f{i}_"
+        lines += [
+            f"    {v} = _value_.{name}",
+            f"    _t_ = type({v})",
+            "    if _t_ is _str_:",
+            f"        _budget_ -= 4 * len({v})",
+            f"    elif {v} is None or _t_ is _bool_ or _t_ is _float_ or _t_ is _uuid_:",
+            "        pass",
+            "    elif _t_ is _int_:",
+            f"        if not -9223372036854775808 <= {v} < 18446744073709551616:",
+            "            return -1, _value_",
+            "    else:",
+            f"        _budget_, _new_ = _copied_({v}, _copiers_, _budget_ + 16, _depth_ + 1)",
+            "        if _budget_ < 0:",
+            "            return -1, _value_",
+            f"        if _new_ is not {v}:",
+            f"            {v} = _new_",
+            "            _changed_ = True",
+        ]
+    args = ", ".join(f"{name}=_f{i}_" for i, name in enumerate(names))
+    lines += [
+        "    if _budget_ < 0:",
+        "        return -1, _value_",
+        "    if not _changed_:",
+        "        return _budget_, _value_",
+        f"    return _budget_, _cls_({args})",
+    ]
+    scope: dict[str, Any] = {
+        "_cls_": cls,
+        "_copied_": _copied,
+        "_str_": str,
+        "_bool_": bool,
+        "_float_": float,
+        "_int_": int,
+        "_uuid_": uuid.UUID,
+    }
+    exec("\n".join(lines), scope)  # the source is made of the class's own field names only
+    return scope["copy"]  # type: ignore[no-any-return]
+
+
+def _copied(value: Any, copiers: _Copiers, budget: int, depth: int) -> tuple[int, Any]:
     """``Registry.local_copy``'s walk, the bound of ``_share_budget`` and the copy in one pass: what is left
-    of ``budget`` (-1 past it, or for a value the wire cannot carry as it is) and ``value`` with every JSON
-    value in it copied (``_json_copy``). The immutable rest is shared; a message holding a copy is built
-    anew through its class, as decoding builds it. A message's string, None, bool and float fields are
-    counted in its own loop (most fields are such, and this runs for every in-process delivery); the
-    arithmetic is ``_share_budget``'s."""
+    of ``budget`` (negative past it, or for a value the wire cannot carry as it is) and ``value`` with every
+    JSON value in it copied (``_json_copy``). The immutable rest is shared; a message holding a copy is
+    built anew through its class, as decoding builds it. A message is walked by its class's compiled step
+    (``_copier``); the arithmetic is ``_share_budget``'s."""
     cls = type(value)
-    names = fields.get(cls)
-    if names is not None:
-        budget -= 16
-        if depth > 32 or budget < 0:
-            return -1, value
-        changes: dict[str, Any] | None = None
-        for name in names:
-            item = getattr(value, name)
-            kind = type(item)
-            budget -= 16 + 4 * len(name)
-            if kind is str:
-                budget -= 4 * len(item)
-            elif item is None or kind is bool or kind is float:
-                pass
-            else:
-                budget, new = _copied(item, fields, budget + 16, depth + 1)  # it takes its own 16 again
-                if new is not item:
-                    if changes is None:
-                        changes = {}
-                    changes[name] = new
-            if budget < 0:
-                return -1, value
-        if changes is None:
-            return budget, value
-        return budget, cls(**{name: changes.get(name, getattr(value, name)) for name in names})
+    step = copiers.get(cls)
+    if step is not None:
+        return step(value, copiers, budget, depth)
     if cls is dict or cls is list:
         return _json_copy(value, budget, depth)
     if cls is tuple:
@@ -371,7 +414,7 @@ def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, d
             return -1, value
         members: list[Any] | None = None
         for index, item in enumerate(value):
-            budget, new = _copied(item, fields, budget, depth + 1)
+            budget, new = _copied(item, copiers, budget, depth + 1)
             if budget < 0:
                 return -1, value
             if new is not item and members is None:
@@ -379,7 +422,11 @@ def _copied(value: Any, fields: dict[type[Any], tuple[str, ...]], budget: int, d
             if members is not None:
                 members.append(new)
         return budget, value if members is None else tuple(members)
-    return _share_budget(value, fields, budget, depth), value  # scalars, frozensets: nothing to copy
+    names = copiers.fields.get(cls)
+    if names is not None:
+        step = copiers[cls] = _copier(cls, names)
+        return step(value, copiers, budget, depth)
+    return _share_budget(value, copiers.fields, budget, depth), value  # scalars, frozensets: nothing to copy
 
 
 class Registry:
@@ -400,6 +447,7 @@ class Registry:
         self.max_body_bytes = max_body_bytes
         self._by_tag: dict[str, type[Any]] = {}
         self._fields: dict[type[Any], tuple[str, ...]] = {}
+        self._copiers = _Copiers(self._fields)  # local_copy's compiled step per class, made on first use
         self._convert: dict[type[Any], tuple[tuple[str, Converter, bool], ...]] = {}
         # Per class: (name, the exact types a value of it passes unchanged, its converter) for each field
         # (see _build).
@@ -510,10 +558,9 @@ class Registry:
         so neither side sees the other's changes, as if it had travelled; None past ``max_body_bytes`` or
         for any other mutable value, so it fails as it would remotely. Cheaper than an encode and a decode:
         nothing is packed, and only the JSON containers are built again."""
-        fields = self._fields
-        if type(message) not in fields:
+        if type(message) not in self._fields:
             return None
-        left, copy = _copied(message, fields, self.max_body_bytes, 0)
+        left, copy = _copied(message, self._copiers, self.max_body_bytes, 0)
         return copy if left >= 0 else None
 
     # -- decoding

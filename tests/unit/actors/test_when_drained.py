@@ -94,5 +94,3 @@ def test_a_hosted_actor_on_a_quiet_host_is_told_after_its_own_item(node: Node) -
     waiter = HostPool.of(node, "q").spawn(Waiter, "w", calls)
     waiter.tell("ask")
     assert calls.get(timeout=WAIT) == -1
-
-

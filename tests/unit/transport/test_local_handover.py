@@ -116,6 +116,35 @@ def test_a_value_the_wire_cannot_carry_is_not_copied_but_encoded() -> None:
     assert reg.local_copy(Echo(data={"small": "x" * 100})) is not None
 
 
+def test_local_copy_counts_each_class_as_shareable_does_at_every_size_near_the_bound() -> None:
+    """``local_copy`` walks a message through a step compiled for its class; for a message with nothing to
+    copy it must say yes exactly where ``shareable`` (the plain walk) does, field kinds and nesting alike."""
+    import uuid
+
+    from actors.app.wiring import registry
+    from actors.router.messages import NextTurnEvent, TurnEventBatch, TurnInput, TurnTextDelta
+    from actors.types import ContextItem, ModelContext
+
+    for limit in (600, 1000, 1500):
+        reg = registry(max_body_bytes=limit)
+        for size in range(0, 400, 7):
+            text = "y" * size
+            items = (ContextItem(role="user", text=text, call_id=None),) * 2
+            context = ModelContext(model="m", reasoning_effort=None, instructions=text, items=items, tools=())
+            for message in (
+                Echo(text=text, seq=size, payload=b"p" * size),
+                Echo(seq=-(1 << 63), text=text),
+                TurnEventBatch(events=(TurnInput(context=context), TurnTextDelta(text=text))),
+            ):
+                expected = reg.shareable(message)
+                assert (reg.local_copy(message) is message) is expected, (limit, size, type(message))
+    reg = registry()
+    assert reg.local_copy(Echo(seq=(1 << 64) - 1)) is not None and reg.local_copy(Echo(seq=1 << 64)) is None
+    assert reg.local_copy(Echo(seq=-(1 << 63) - 1)) is None  # out of msgpack's range either way
+    read = NextTurnEvent(operation_id=uuid.uuid4())
+    assert reg.local_copy(read) is read  # a UUID field is shared as it is
+
+
 def test_a_reply_holding_a_list_is_a_copy_and_an_immutable_reply_is_the_object(node: Node) -> None:
     node.spawn(EchoActor, "echo")
     message = Echo(data=[1, 2])
