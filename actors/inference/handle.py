@@ -16,7 +16,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from actors.base import DEFER, BusActor, Context
@@ -53,6 +53,7 @@ from actors.types import (
     ToolCallErrorKind,
     ToolResult,
     UsageReceipt,
+    evolve,
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Unavailable
@@ -438,7 +439,7 @@ class ReadOn:
             return
         state = actor._state
         if isinstance(state, Active):
-            actor._state = replace(state, reading=False)
+            actor._state = evolve(state, reading=False)
         actor._on_responded(self._ctx, self._call_id, reply, and_read=self._and_read, batch=self._batch)
         actor._pump()
 
@@ -498,15 +499,15 @@ class InferenceHandleActor(BusActor):
         state = self._state
         match state, message:
             case Starting(), AwaitStarted():
-                self._state = replace(state, waiters=(*state.waiters, ctx))
+                self._state = evolve(state, waiters=(*state.waiters, ctx))
                 return DEFER
             case Starting(), NextEvent() | Respond() | RespondAndRead() | FinishUnavailable() | Close():
-                self._state = replace(state, queued=(*state.queued, (message, ctx)))
+                self._state = evolve(state, queued=(*state.queued, (message, ctx)))
                 return DEFER
             case Active(), AwaitStarted():
                 return InferenceStarted(operation_id=state.operation_id, model=state.model)
             case Active(), NextEvent(batch=batch):
-                self._state = replace(state, readers=(*state.readers, (ctx, batch)))
+                self._state = evolve(state, readers=(*state.readers, (ctx, batch)))
                 self._pump()
                 return DEFER
             case Active(), Respond(call_id=call_id, result=result, read_on=read_on):
@@ -516,7 +517,7 @@ class InferenceHandleActor(BusActor):
                 self._respond(state, ctx, call_id, result, read_on=True, and_read=True, batch=batch)
                 return DEFER
             case Active(), FinishUnavailable():
-                self._state = replace(state, accountants=(*state.accountants, ctx))
+                self._state = evolve(state, accountants=(*state.accountants, ctx))
                 if not state.accountants:
                     self._account(state.operation_id)
                 return DEFER
@@ -574,13 +575,13 @@ class InferenceHandleActor(BusActor):
             state = self._state
             readers = tuple(reader for reader in state.readers if self._alive(reader[0]))
             if len(readers) != len(state.readers):
-                self._state = state = replace(state, readers=readers)
+                self._state = state = evolve(state, readers=readers)
             if not readers:
                 return
             if state.buffered:
                 head, rest = state.buffered[0], state.buffered[1:]
                 if not isinstance(head, _Together):
-                    self._state = replace(state, buffered=rest)
+                    self._state = evolve(state, buffered=rest)
                     self._give(head)
                     continue
                 events, n = head.events, 1
@@ -589,11 +590,11 @@ class InferenceHandleActor(BusActor):
                 left = events[n:]
                 if left:
                     rest = (_Together(left) if len(left) > 1 else left[0], *rest)
-                self._state = replace(state, buffered=rest)
+                self._state = evolve(state, buffered=rest)
                 self._give(InferenceEvents(events=events[:n]) if n > 1 else events[0])
                 continue
             if not state.reading:
-                self._state = replace(state, reading=True)
+                self._state = evolve(state, reading=True)
                 self.ask(
                     self._router,
                     NextTurnEvent(operation_id=state.operation_id),
@@ -614,7 +615,7 @@ class InferenceHandleActor(BusActor):
         if not isinstance(state, Active):
             return  # terminated meanwhile: every reader was answered then
         if not more:
-            self._state = state = replace(state, reading=False)
+            self._state = state = evolve(state, reading=False)
         outcome: Outcome
         if reply.error is not None:
             outcome = inference_error(reply.error)
@@ -639,7 +640,7 @@ class InferenceHandleActor(BusActor):
                     outcome = SessionInferenceEvent.UsageUpdated(usage=usage)
                 case TurnToolCall(call_id=call_id, arguments=arguments, error=error):
                     call = error if error is not None else parse_call_ktool(arguments)
-                    self._state = replace(state, surfaced=state.surfaced | {call_id})
+                    self._state = evolve(state, surfaced=state.surfaced | {call_id})
                     outcome = SessionInferenceEvent.ToolCall(call_id=call_id, call=call)
                 case TurnCompleted(
                     answer=answer, usage=usage, receipt=receipt, continuation=continuation, finish_reason=why
@@ -664,7 +665,7 @@ class InferenceHandleActor(BusActor):
         else:
             active = self._state
             assert isinstance(active, Active)
-            self._state = replace(active, buffered=(*active.buffered, outcome))
+            self._state = evolve(active, buffered=(*active.buffered, outcome))
         if not hold:
             self._pump()
 
@@ -681,14 +682,14 @@ class InferenceHandleActor(BusActor):
                 grouped.append(_Together(outcomes))  # type: ignore[arg-type]  # events only (the key)
             else:
                 grouped.extend(outcomes)
-        self._state = replace(state, buffered=tuple(grouped))
+        self._state = evolve(state, buffered=tuple(grouped))
 
     def _give(self, outcome: Outcome | InferenceEvents) -> None:
         """Answer the first live reader with ``outcome`` and apply what it means for the handle."""
         state = self._state
         assert isinstance(state, Active) and state.readers
         (ctx, _), rest = state.readers[0], state.readers[1:]
-        self._state = replace(state, readers=rest)
+        self._state = evolve(state, readers=rest)
         if isinstance(outcome, InferenceEvents):  # a batch reader's (_pump)
             ctx.reply(outcome)
             if isinstance(outcome.events[-1], SessionInferenceEvent.Completed):
@@ -720,7 +721,7 @@ class InferenceHandleActor(BusActor):
             raise InvalidCallId(f"call {call_id[:80]!r} was not surfaced, or was answered already")
         # Read on only when that read would be the next one anyway: none in flight, none held.
         read_on = read_on and not state.reading and not state.buffered
-        self._state = replace(state, surfaced=state.surfaced - {call_id}, reading=read_on)
+        self._state = evolve(state, surfaced=state.surfaced - {call_id}, reading=read_on)
         respond = RespondCall(
             operation_id=state.operation_id, call_id=call_id, result=result, read_on=read_on
         )
@@ -742,7 +743,7 @@ class InferenceHandleActor(BusActor):
             return
         state = self._state
         if isinstance(state, Active):
-            self._state = replace(state, readers=(*state.readers, (ctx, batch)))
+            self._state = evolve(state, readers=(*state.readers, (ctx, batch)))
         elif isinstance(state, Terminal) and not ctx.done:
             ctx.fail(HandleTerminated(state.why))  # ended (accounted, closed) as the respond went out
 
@@ -758,7 +759,7 @@ class InferenceHandleActor(BusActor):
         if getattr(error, "receipt", None) is not None:
             self._terminate("the provider turn ended; its receipt was reported")
         elif isinstance(state, Active) and not isinstance(reply.error, InvalidCallId):
-            self._state = replace(state, surfaced=state.surfaced | {call_id})  # SI-11: still answerable
+            self._state = evolve(state, surfaced=state.surfaced | {call_id})  # SI-11: still answerable
         ctx.fail(error)
 
     def _account(self, operation_id: uuid.UUID) -> None:
@@ -770,12 +771,12 @@ class InferenceHandleActor(BusActor):
             return  # closed meanwhile: the requests were answered then
         ctx, rest = state.accountants[0], state.accountants[1:]
         if reply.error is None:
-            self._state = replace(state, accountants=rest)
+            self._state = evolve(state, accountants=rest)
             ctx.reply(reply.message)
             self._terminate("the provider turn was accounted as unavailable")  # SI-12, MB-02
             return
         error = inference_error(reply.error)
-        self._state = replace(state, accountants=rest)
+        self._state = evolve(state, accountants=rest)
         ctx.fail(error)
         if getattr(error, "receipt", None) is not None:
             self._terminate("the provider turn ended; its receipt was reported")

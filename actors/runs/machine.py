@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
@@ -41,7 +41,7 @@ from actors.inference.handle import (
     SessionInferenceEvent,
     SessionInferenceRequest,
 )
-from actors.types import UsageReceipt, note_accounting_failure, retry_class
+from actors.types import UsageReceipt, evolve, note_accounting_failure, retry_class
 from transport.errors import ProtocolError
 from transport.messages import Ok
 from transport.node import Node
@@ -444,7 +444,7 @@ def _interrupted(flavor: Flavor, state: Interrupting) -> Step:
 
 def starting(run: Run[Any], request: SessionInferenceRequest) -> Step:
     """Open the round's handle (RS-01: one per provider round) and wait for its start."""
-    return Step(Starting(replace(run, handle=True, op=None)), (Open(request),))
+    return Step(Starting(evolve(run, handle=True, op=None)), (Open(request),))
 
 
 def step(flavor: Flavor, state: Any, message: Message) -> Step:
@@ -471,7 +471,7 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
             return Step(Cancelling(state))
         # ---------------------------------------------------------------- the handle's start
         case Starting(run=run), Answered(value=InferenceStarted(operation_id=op)):
-            return read(flavor, replace(run, op=op, progressed=True))
+            return read(flavor, evolve(run, op=op, progressed=True))
         case Starting(run=run), Failed(error=error):
             receipt = getattr(error, "receipt", None)
             if isinstance(receipt, UsageReceipt):  # RS-29
@@ -539,12 +539,12 @@ def step(flavor: Flavor, state: Any, message: Message) -> Step:
         case Interrupting(account=None) as it, Answered(asked=FinishUnavailable()) | Failed(
             asked=FinishUnavailable()
         ):
-            it = replace(it, account=message)
+            it = evolve(it, account=message)
             return Step(it) if it.event is None else _interrupted(flavor, it)
         case Interrupting(event=None) as it, Answered() | Failed():
             if isinstance(message, Answered) and isinstance(message.value, InferenceEvents):
                 message = Answered(message.asked, message.value.events[-1])  # the read's last says its end
-            it = replace(it, event=message)
+            it = evolve(it, event=message)
             return Step(it) if it.account is None else _interrupted(flavor, it)
         case RecordingReceipts(run=run, error=error), Failed(error=failure):
             return fail(run, note_accounting_failure(error, failure))

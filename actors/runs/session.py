@@ -24,7 +24,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
@@ -75,6 +75,7 @@ from actors.types import (
     ToolCallError,
     ToolResult,
     UsageReceipt,
+    evolve,
     restore_accounting_note,
 )
 from transport.codec import JsonValue
@@ -601,7 +602,7 @@ class SessionFlavor:
             case SessionInferenceEvent.ToolCall(call_id=call_id, call=call):  # RS-11
                 op = run.op
                 assert op is not None
-                run = replace(run.with_facts(replace(facts, used_tool=True, records=())), progressed=True)
+                run = evolve(run.with_facts(evolve(facts, used_tool=True, records=())), progressed=True)
                 execute = HostRunTool(
                     call_id=call_id,
                     call=call,
@@ -626,7 +627,7 @@ class SessionFlavor:
             )
         ):
             facts = run.facts
-            return read(self, run.with_facts(replace(facts, records=(*facts.records, recorded))))
+            return read(self, run.with_facts(evolve(facts, records=(*facts.records, recorded))))
         return Step(RecordingEvent(run), (Ask(Target.HOST, HostRecord(event=recorded)),))
 
     def completed(self, run: Run[Any], completed: SessionInferenceEvent.Completed) -> Step:
@@ -693,7 +694,7 @@ class SessionFlavor:
                 facts = run.facts
                 if o.capture is not None or o.finish_after_round or o.emitted_response:
                     run = run.with_facts(
-                        replace(
+                        evolve(
                             facts,
                             capture=facts.capture if o.capture is None else o.capture,  # RS-21: the last wins
                             finish_requested=facts.finish_requested or o.finish_after_round,  # RS-22
