@@ -132,6 +132,18 @@ def starts(router: RouterClient, count: int) -> list[BusFuture]:
     return [router.start_turn_future(spec(n)) for n in range(count)]
 
 
+def queued_starts(
+    node: Node, router: RouterClient, count: int, arm: Callable[[], None] = lambda: None
+) -> list[BusFuture]:
+    """``count`` starts queued behind the Router's held thread, so one group takes them all; ``arm`` sets
+    the fake disk up before the gate opens."""
+    gate = hold(node)
+    futures = starts(router, count)
+    arm()
+    gate.set()
+    return futures
+
+
 def open_rows(data_dir: Path) -> list[str]:
     conn = sqlite3.connect(data_dir / LEDGER)
     try:
@@ -153,9 +165,7 @@ def test_a_burst_of_starts_shares_one_commit(node: Node, tmp_path: Path, disk: G
     provider = ScriptedProvider([HANG] * 5)
     router = spawn(node, provider, tmp_path, disk)
     before, counted = disk.calls, router.stats().commits
-    gate = hold(node)
-    futures = starts(router, 5)
-    gate.set()
+    futures = queued_starts(node, router, 5)
     ops = [f.result(WAIT).operation_id for f in futures]
     assert disk.calls - before == 1  # five intents, one commit (one fsync)
     assert counted is not None and router.stats().commits == counted + 1  # as the Router counts them
@@ -181,10 +191,7 @@ def test_nobody_hears_of_a_start_and_no_provider_runs_before_its_commit_returns(
 ) -> None:
     provider = ScriptedProvider([HANG] * 3)
     router = spawn(node, provider, tmp_path, disk)
-    gate = hold(node)
-    futures = starts(router, 3)
-    disk.stall = True
-    gate.set()
+    futures = queued_starts(node, router, 3, lambda: setattr(disk, "stall", True))
     assert disk.entered.wait(WAIT)  # the group's commit is under way, on the Router's thread
     assert [f.done() for f in futures] == [False, False, False]
     assert provider.turns == []
@@ -239,10 +246,7 @@ def test_a_failed_group_commit_refuses_its_starts_and_nothing_runs(
 ) -> None:
     provider = ScriptedProvider([HANG] * 4)
     router = spawn(node, provider, tmp_path, disk)
-    gate = hold(node)
-    futures = starts(router, 3)
-    disk.fail = 1
-    gate.set()
+    futures = queued_starts(node, router, 3, lambda: setattr(disk, "fail", 1))
     for future in futures:
         with pytest.raises(TurnNotStarted) as caught:
             future.result(WAIT)
