@@ -614,10 +614,6 @@ class BusActor(pykka.ThreadingActor):
         if self._held_answers is None:
             self._held_answers = []
 
-    @property
-    def holding_answers(self) -> bool:
-        return self._held_answers is not None
-
     def when_drained(self) -> None:
         """Ask for one call of ``on_drained``, on this actor's thread, once nothing more waits in its mailbox
         after an item (a hosted actor: its host's mailbox, or after ``DRAIN_BOUND`` of the host's items, so

@@ -28,7 +28,7 @@ def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace(obj, **changes)`` for the frozen states an actor replaces on every message:
     the same new object, made by a function written once per class. For a class without ``__post_init__``
     (and without ``init=False`` fields) it sets each field as the generated ``__init__`` would, without the
-    keyword call; for any other class it calls the class. About a third of replace's cost."""
+    keyword call; for any other class it calls the class. About half of replace's cost."""
     cls = type(obj)
     make = _EVOLVERS.get(cls)
     if make is None:
