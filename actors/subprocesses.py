@@ -22,7 +22,9 @@ __all__ = ["Finished", "kill_group", "run_bounded"]
 
 _CHUNK = 65536
 _POLL = 0.05  # seconds between looks at the cancel event while the child is silent
-_REAP_WAIT = 5.0  # seconds to reap a child after SIGKILL (the kernel delivers it at once)
+_REAP_WAIT = (
+    5.0  # seconds to wait for a group to die after SIGKILL (the kernel is quick; a loaded one less so)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +42,43 @@ class Finished:
     cancelled: bool = False
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process of the group ``pgid`` (already gone is fine)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def kill_group(pgid: int, *, wait: float = _REAP_WAIT) -> None:
+    """SIGKILL every process of the group ``pgid`` (already gone is fine), then wait, at most ``wait``
+    seconds, until none of them runs any more: the kernel delivers the signal when each is next scheduled,
+    not inside ``killpg``, so without the wait a caller could still see a member alive. A member that is a
+    zombie (dead, its new parent yet to reap it) counts as gone."""
+    try:
         os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + wait
+    pause = 0.0005
+    while _group_runs(pgid) and time.monotonic() < deadline:
+        time.sleep(pause)  # a bounded wait for the kernel, not for another thread
+        pause = min(pause * 2, 0.02)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` is still alive and not a zombie (Linux ``/proc``)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False  # no /proc to look in: the signal was sent, which is all that can be said
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def run_bounded(
