@@ -408,10 +408,12 @@ def _init_record(node: Node, *options: Any) -> bytes:
 
 class ReadOn:
     """The continuation of a ``RespondCall(read_on=True)``: its partial ``Ok`` is the respond's success,
-    and its final reply is the read that follows (``_on_read``). On that success a ``Respond``'s caller is
-    answered ``Ok``, and a ``RespondAndRead``'s caller (``and_read``) becomes the first reader in line for
-    that read. A final reply with no partial before it is the respond's own answer: its error, or ``Ok``
-    from a Router that does not read on, and the next read is then made as usual."""
+    and its final reply is the read that follows (``_on_read``). An event before any ``Ok`` (partial or
+    final: the Router's ack of a respond whose turn steps at once) is that success and the read's first
+    event together. On that success a ``Respond``'s caller is answered ``Ok``, and a ``RespondAndRead``'s
+    caller (``and_read``) becomes the first reader in line for that read. A final error or ``Ok`` with no
+    success before it is the respond's own answer: its error, or ``Ok`` from a Router that does not read
+    on, and the next read is then made as usual."""
 
     __slots__ = ("_actor", "_and_read", "_batch", "_call_id", "_ctx", "_taken")
 
@@ -427,15 +429,16 @@ class ReadOn:
 
     def __call__(self, reply: Reply) -> None:
         actor = self._actor
-        if not reply.final:
-            if not self._taken:
+        if not self._taken:
+            acked_by_event = reply.error is None and type(reply.message) is not Ok
+            if acked_by_event or not reply.final:
                 self._taken = True
                 actor._responded(self._ctx, and_read=self._and_read, batch=self._batch)
-            else:  # an event before the turn's next decision: the read goes on (RespondCall.read_on)
-                actor._on_read(reply, more=True)
-            return
+                if not acked_by_event:
+                    return
         if self._taken:
-            actor._on_read(reply)
+            # an event of the read: one before the turn's next decision (a partial) goes on
+            actor._on_read(reply, more=not reply.final)
             return
         state = actor._state
         if isinstance(state, Active):

@@ -284,6 +284,10 @@ class RouterActor(BusActor):
         # one step of a provider produces goes to its reader together (a tool round's input and its next
         # call in one reply), not as one message per event.
         self._held: dict[uuid.UUID, Turn] | None = None
+        # Reading-on RespondCalls of inline turns whose partial Ok waits for the turn's next step: the first
+        # event it hands that reader says the respond was taken (one message fewer a tool round); a step
+        # that hands none sends the Ok when it ends (``_ack_owed``).
+        self._owed: dict[uuid.UUID, Turn] = {}
         # Cancellation lineage: parent operation -> child turn operations, and back. A turn that left
         # memory stays here only while some of its own children are still in memory.
         self._children: dict[uuid.UUID, set[uuid.UUID]] = {}
@@ -329,6 +333,7 @@ class RouterActor(BusActor):
     def on_stop(self) -> None:
         if self._stop_ticker is not None:
             self._stop_ticker()
+        self._ack_owed()  # a respond taken is answered as taken, whatever its read's end
         self._commit_group()  # what the open group wrote, and the answers it holds
         self._committing = True  # from here each write commits on its own: no commit message will come
         for turn in list(self._turns.values()):
@@ -365,7 +370,6 @@ class RouterActor(BusActor):
                 self._respond(turn, call_id, result)
                 if not read_on or ctx.header.flow != "stream":
                     return None
-                ctx.partial(Ok())  # the result is taken: what follows is the read's
                 return self._read_on(turn, ctx)
             case FinishUnavailable(operation_id=op):
                 return self._finish_unavailable(op)
@@ -439,6 +443,7 @@ class RouterActor(BusActor):
                 held, self._held = self._held or {}, None
                 for stepped in held.values():
                     self._flush(stepped)
+                self._ack_owed()
             case _Later(fn=fn):
                 fn()
             case _CancelInline(operation_id=op):
@@ -902,6 +907,9 @@ class RouterActor(BusActor):
             until = turn.stream_until
             while turn.events and not isinstance(turn.events[0], until) and len(batch) < _BATCH:
                 batch.append(turn.events.popleft())
+            if turn.ack is not None:  # the first event a reading-on respond's reader gets says it was taken
+                turn.ack = None
+                self._owed.pop(turn.operation_id, None)
             if batch and until is DECISION_EVENTS and turn.events and isinstance(turn.events[0], until):
                 # The decision is here too: it ends the read, and what precedes it comes along in the final
                 # reply (one message where a partial and the final reply would be two).
@@ -924,6 +932,7 @@ class RouterActor(BusActor):
             turn.waiting.pop(0).reply(event)
             self._handed(turn, event)
         if turn.failure is not None and not turn.events:
+            self._ack(turn)
             readers = ([turn.stream] if turn.stream is not None else []) + turn.waiting
             for ctx in readers:
                 ctx.fail(turn.failure)
@@ -972,10 +981,34 @@ class RouterActor(BusActor):
         readers it is one read of one event, as ``NextTurnEvent``."""
         ended = not turn.events and (turn.done or turn.failure is not None)
         if turn.waiting or turn.stream is not None or ended:
+            ctx.partial(Ok())  # the result is taken: what follows is the read's
             return self._next(turn, ctx)  # beside another reader, or ended: answered as a read is
         turn.stream, turn.stream_until = ctx, DECISION_EVENTS
+        steps = not turn.events and self._inline.steps_next(turn.operation_id)
+        # Recorded (a replay hosts no turn, so it could not tell): whether the ack waits for the step.
+        if self.node.effect(self.address, b"ack", lambda: b"\x01" if steps else b""):
+            # Its next events come from a step already in the mailbox: the first of them, or the step's
+            # end, says the result was taken (a failure is preceded by the Ok: see _ack).
+            turn.ack = ctx
+            self._owed[turn.operation_id] = turn
+        else:
+            ctx.partial(Ok())
         self._flush(turn)
         return DEFER
+
+    def _ack(self, turn: Turn) -> None:
+        """Send the partial Ok a reading-on RespondCall still owes, before anything but an event goes to
+        it (its error, or a later event of a read that goes on)."""
+        ctx, turn.ack = turn.ack, None
+        self._owed.pop(turn.operation_id, None)
+        if ctx is not None and not ctx.done:
+            ctx.partial(Ok())
+
+    def _ack_owed(self) -> None:
+        """A step ended: the acks it did not make by an event go now (a step never blocks, so the respond's
+        answer waits at most one step)."""
+        while self._owed:
+            self._ack(next(iter(self._owed.values())))
 
     def _respond(self, turn: Turn, call_id: str, result: ToolResult) -> None:
         if call_id not in turn.surfaced:
@@ -1140,6 +1173,7 @@ class RouterActor(BusActor):
             self.node.cancel_call(turn.timer)
             turn.timer = None
         late = TurnTerminated(f"operation {op} has ended", receipt=turn.receipt)
+        self._ack(turn)
         for ctx in ([turn.stream] if turn.stream is not None else []) + turn.waiting:
             if not ctx.done:
                 ctx.fail(turn.failure or late)

@@ -84,9 +84,11 @@ class RespondCall:
     (several queued at once as one ``TurnEventBatch``), and the final reply is that decision (or the read's
     error), as ``NextTurnEvent`` would answer it; one exchange instead of one per event. Events queued
     together with the decision come with it in the final reply, a ``TurnEventBatch`` ending with the
-    decision, rather than as a partial before it. Beside another
-    reader of the turn the read is of one event only. An error before any partial is the respond's own.
-    Otherwise the reply is ``Ok``."""
+    decision, rather than as a partial before it. When the turn's next step is already due on the Router's
+    own thread, the ``Ok`` is left out if that step hands the reader an event: the first event (partial or
+    final) then says the result was taken; a step that hands none, and any error, is preceded by the
+    ``Ok``. Beside another reader of the turn the read is of one event only. An error before any ``Ok`` or
+    event is the respond's own. Otherwise the reply is ``Ok``."""
 
     TAG: ClassVar[str] = "router.respond"
     operation_id: uuid.UUID

@@ -102,6 +102,11 @@ class TurnHost:
         """Turns ready to run and waiting for the host (the active one not counted)."""
         return len(self._ready)
 
+    def steps_next(self, op: uuid.UUID) -> bool:
+        """``op`` is active or ready and a ``STEP`` is in the mailbox: it runs at that step or, behind
+        other ready turns, at one of the next."""
+        return self._woken and op in self._turns and (self._active == op or op in self._ready)
+
     def add(self, op: uuid.UUID, steps: TurnSteps) -> None:
         self._turns[op] = _Hosted(steps)
         self._ready.append(op)

@@ -59,10 +59,22 @@ from actors.router.messages import (
     TurnToolCall,
     TurnUsage,
 )
+from actors.router.providers.base import (
+    AwaitResult,
+    NativeToolCall,
+    ProviderError,
+    ProviderOutcome,
+    Sleep,
+    Submitted,
+    ToolCallRequested,
+    model_context,
+)
+from actors.router.providers.base import TextDelta as ProviderTextDelta
 from actors.router.providers.scripted import ScriptedProvider
 from actors.router.receipts import ReceiptLedger
 from actors.runs.runtime import InferenceRuntime
 from actors.types import (
+    CALL_KTOOL,
     TOOL_CALL_ERROR_MAX,
     AgentContinuation,
     AgentProvider,
@@ -186,11 +198,14 @@ class FakeRouter:
         events: list[Any] | None = None,
         respond_errors: list[RouterError | None] | None = None,
         finish_errors: list[RouterError | None] | None = None,
-        reads_on: bool = False,
+        reads_on: bool | str = False,
         hold_respond: bool = False,
     ) -> None:
         self.start_error = start_error
-        self.reads_on = reads_on  # answers RespondCall(read_on=True) as the real Router does
+        # answers RespondCall(read_on=True) as the real Router does: True, a partial Ok, then the read;
+        # "event", as for a turn that steps at once: the read's first event says the respond was taken (an
+        # error is still preceded by the Ok)
+        self.reads_on = reads_on
         # a fake's order no real Router shows on cue: a respond's success answered only after the next
         # FinishUnavailable's receipt (the turn accounted as the respond went out)
         self.hold_respond = hold_respond
@@ -247,7 +262,12 @@ class FakeRouterActor(BusActor):
                     plan.held = ctx
                     return DEFER
                 if plan.reads_on and read_on and ctx.header.flow == "stream":
-                    ctx.partial(Ok())
+                    if (
+                        plan.reads_on != "event"
+                        or not plan.events
+                        or isinstance(plan.events[0], BaseException)
+                    ):
+                        ctx.partial(Ok())
                     return self._read()
                 return None
             case FinishUnavailable():
@@ -607,7 +627,14 @@ def test_si11_a_failed_respond_leaves_the_handle_accountable(
 
 # ------------------------------------------------------------------------------------- reading on
 # Respond(read_on=True): the loop reads right after a respond, so the handle takes the respond's answer and
-# the next event in one exchange with the Router (RespondCall(read_on=True): a partial Ok, then the event).
+# the next event in one exchange with the Router (RespondCall(read_on=True): a partial Ok, then the event;
+# or the event alone, which says the respond was taken: the ``acks`` fixture runs each test both ways).
+
+
+@pytest.fixture(params=[True, "event"], ids=["ok-then-event", "event-alone"])
+def acks(request: pytest.FixtureRequest) -> bool | str:
+    """How the fake Router answers a reading-on respond (``FakeRouter.reads_on``)."""
+    return request.param  # type: ignore[no-any-return]
 
 
 def reading_handle(
@@ -622,9 +649,11 @@ def reading_handle(
 
 
 def test_a_respond_that_reads_on_gets_the_next_event_without_a_second_read(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+    acks: bool | str,
 ) -> None:
-    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=True)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=acks)
     si.respond("c1", OK, read_on=True)
     assert isinstance(si.next_event(timeout=WAIT), SessionInferenceEvent.Completed)
     assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
@@ -655,10 +684,12 @@ def test_si11_a_failed_respond_that_reads_on_raises_as_respond_and_stays_account
 
 
 def test_a_read_that_fails_after_a_taken_respond_fails_the_next_event_not_the_respond(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+    acks: bool | str,
 ) -> None:
     cause = ProviderFailed("the stream broke")
-    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=True)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=acks)
     si.respond("c1", OK, read_on=True)  # taken: no error here
     with pytest.raises(InferenceError) as err:
         si.next_event(timeout=WAIT)
@@ -670,9 +701,11 @@ def test_a_read_that_fails_after_a_taken_respond_fails_the_next_event_not_the_re
 
 
 def test_respond_and_read_answers_with_the_next_event_in_one_router_exchange(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+    acks: bool | str,
 ) -> None:
-    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=True)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), completed], reads_on=acks)
     assert isinstance(si.respond_and_read("c1", OK, timeout=WAIT), SessionInferenceEvent.Completed)
     assert kinds(router.calls) == ["StartTurn", "NextTurnEvent", "RespondCall"]
     (respond,) = (c for c in router.calls if isinstance(c, RespondCall))
@@ -705,10 +738,12 @@ def test_si11_a_failed_respond_and_read_raises_the_respond_error_and_the_call_st
 
 
 def test_a_read_that_fails_after_a_taken_respond_and_read_raises_the_read_error(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+    acks: bool | str,
 ) -> None:
     cause = ProviderFailed("the stream broke")
-    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=True)
+    router, si = reading_handle(fake, handles, events=[ktool("c1"), cause], reads_on=acks)
     with pytest.raises(InferenceError) as err:
         si.respond_and_read("c1", OK, timeout=WAIT)
     assert err.value.__cause__ == cause
@@ -730,9 +765,11 @@ def test_si12_respond_and_read_on_a_turn_accounted_as_it_responded_ends_terminat
 
 
 def test_si13_respond_and_read_after_termination_does_not_reach_the_router(
-    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]], handles: list[SessionInference]
+    fake: Callable[..., tuple[FakeRouter, InferenceRuntime]],
+    handles: list[SessionInference],
+    acks: bool | str,
 ) -> None:
-    router, si = reading_handle(fake, handles, events=[ktool("c1")], reads_on=True)
+    router, si = reading_handle(fake, handles, events=[ktool("c1")], reads_on=acks)
     si.finish_unavailable(timeout=WAIT)
     calls = len(router.calls)
     with pytest.raises(HandleTerminated):
@@ -758,25 +795,87 @@ def two_calls_read_to_the_first(router: RouterClient, provider: ScriptedProvider
     return op
 
 
-def test_the_router_answers_a_respond_that_reads_on_with_ok_then_the_events_up_to_the_next_decision(
+def test_the_router_answers_a_respond_that_reads_on_with_the_events_up_to_the_next_decision(
     node: Node, router: RouterClient, provider: ScriptedProvider
 ) -> None:
-    """The real Router: a partial Ok, then the events that follow the result up to the turn's next decision
-    (the model's next input, then its next call as the final reply); an unknown call fails before any
-    partial; a plain request with read_on is answered Ok and reads nothing."""
+    """The real Router: the events that follow the result up to the turn's next decision (the model's next
+    input, then its next call as the final reply); an unknown call fails before any reply; a plain request
+    with read_on is answered Ok and reads nothing. The turn steps inline at once, so its first event says
+    the result was taken: no partial Ok before it (issue 15, item 6: one message fewer a tool round)."""
     op = two_calls_read_to_the_first(router, provider)
     bad = RespondCall(operation_id=op, call_id="nope", result=OK, read_on=True)
     with pytest.raises(InvalidCallId):
         next(node.stream(router.address, bad, timeout=WAIT))
     good = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
-    ok, *events = flat(list(node.stream(router.address, good, timeout=WAIT)))
-    assert ok == Ok()
+    events = flat(list(node.stream(router.address, good, timeout=WAIT)))
     assert [type(e) for e in events] == [TurnInput, TurnToolCall] and events[-1].call_id == "c2"
     plain = RespondCall(operation_id=op, call_id="c2", result=OK, read_on=True)
     assert node.request(router.address, plain, timeout=WAIT) == Ok()  # not a stream: nothing read
     assert isinstance(router.next_event(op), TurnInput)
     assert isinstance(router.next_event(op), TurnTextDelta)  # the turn's events are all still there
     assert isinstance(router.next_event(op), TurnCompleted)
+
+
+class _AfterResult(ScriptedProvider):
+    """An inline test provider (named so): one tool call, then, once its result is in, what ``then``
+    says: ``"sleep"`` steps once emitting nothing (a timer resumes it, then it answers), ``"fail"`` raises
+    at once."""
+
+    def __init__(self, then: str) -> None:
+        super().__init__()
+        self.then = then
+
+    def steps(self, request: Any, io: Any) -> Any:
+        io.emit(Submitted(model_context(request)))
+        io.emit(
+            ToolCallRequested(NativeToolCall("c1", CALL_KTOOL, json.dumps({"name": "t", "arguments": {}})))
+        )
+        yield AwaitResult("c1")
+        if self.then == "fail":
+            raise ProviderError("failed", "the model broke right after the result")
+        yield Sleep(0.0)
+        io.emit(ProviderTextDelta("after"))
+        return ProviderOutcome("after", None)
+
+
+class _Pooled(ScriptedProvider):
+    """The scripted model placed on the Router's worker pool (a test double, named so)."""
+
+    placement = "pool"
+
+
+def _read_to_the_call(node: Node, address: str) -> uuid.UUID:
+    start = StartTurn(
+        user_id="u1", parent_operation_id=PARENT, model="scripted", input="go", tool_description="t()"
+    )
+    op = node.request(address, start, timeout=WAIT).operation_id
+    while not isinstance(node.request(address, NextTurnEvent(operation_id=op), timeout=WAIT), TurnToolCall):
+        pass
+    return op
+
+
+def test_a_reading_on_respond_whose_turn_does_not_step_at_once_is_answered_ok_first(node: Node) -> None:
+    """The Router's ack of a reading-on respond: an ``Ok`` partial first whenever the result is not answered
+    by the turn's own next events: a turn on the worker pool, an inline turn whose next step emits nothing
+    (the Ok goes when that step ends), and an inline turn that fails at once (the Ok, then the error: the
+    respond was taken, the read failed; SI-11 tells the two apart by it)."""
+    pooled = _Pooled()
+    pooled.add([{"call": {"name": "t", "arguments": {}}, "id": "c1"}, {"text": "after"}])
+    for name, provider in (("pooled", pooled), ("quiet", _AfterResult("sleep"))):
+        node.spawn(RouterActor, name, providers={"scripted": provider})
+        address = f"n1/{name}"
+        op = _read_to_the_call(node, address)
+        good = RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True)
+        parts = list(node.stream(address, good, timeout=WAIT))
+        assert parts[0] == Ok(), name
+        assert isinstance(flat(parts)[-1], TurnCompleted), name
+    node.spawn(RouterActor, "failing", providers={"scripted": _AfterResult("fail")})
+    op = _read_to_the_call(node, "n1/failing")
+    stream = node.stream("n1/failing", RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True),
+                         timeout=WAIT)  # fmt: skip
+    assert next(stream) == Ok()
+    with pytest.raises(RouterError):
+        list(stream)
 
 
 def test_a_respond_that_reads_on_ends_at_the_completion_and_the_handle_keeps_what_it_read(
@@ -1073,17 +1172,17 @@ def test_a_reading_on_respond_whose_next_call_is_ready_gets_it_with_the_input_in
     node: Node, router: RouterClient, provider: ScriptedProvider
 ) -> None:
     """The real Router: the events one provider step produces go to the reader together. When the input
-    and the next call are both queued, the reading-on respond is answered with its partial Ok and then one
-    final ``TurnEventBatch`` ending with the call: two replies, not one per event."""
+    and the next call are both queued, the reading-on respond is answered with one final
+    ``TurnEventBatch`` ending with the call, which also says the result was taken: one reply, not one per
+    event, and no partial Ok before it."""
     op = two_calls_read_to_the_first(router, provider)
     parts = list(
         node.stream(
             router.address, RespondCall(operation_id=op, call_id="c1", result=OK, read_on=True), timeout=WAIT
         )
     )
-    assert len(parts) == 2 and parts[0] == Ok()
-    assert isinstance(parts[1], TurnEventBatch)
-    assert [type(e) for e in parts[1].events] == [TurnInput, TurnToolCall] and parts[1].events[
+    assert len(parts) == 1 and isinstance(parts[0], TurnEventBatch)
+    assert [type(e) for e in parts[0].events] == [TurnInput, TurnToolCall] and parts[0].events[
         -1
     ].call_id == "c2"
 
