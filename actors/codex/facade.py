@@ -202,21 +202,26 @@ class Adapter:
         """``open`` without blocking: the actor is spawned here (a bad config raises here, nothing spawned),
         and the future settles with the handle once the handshake finished. If it fails, the opener's handle
         is released first (the child is closed and reaped, AD-05/AD-17) and the future then raises what
-        ``open`` would."""
+        ``open`` would. A future cancelled before it settled releases the handle it would have given."""
         ref, link, handle = cls._spawn(config, bus, timeout, launch, name)
         opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def answered(fut: concurrent.futures.Future[Any]) -> None:
             error = fut.exception()
             if error is None:
-                opened.set_result(cls(link, handle))
+                adapter = cls(link, handle)
+                if opened.set_running_or_notify_cancel():
+                    opened.set_result(adapter)
+                else:  # nobody takes the handle: released (the child is closed)
+                    adapter.close_future()
                 return
             failure = _typed(error, link.address)
 
             def reaped(_: concurrent.futures.Future[Any]) -> None:
                 with contextlib.suppress(Exception):  # stopped already
                     ref.stop(block=False)  # in case the release did not end it in time
-                opened.set_exception(failure)
+                if opened.set_running_or_notify_cancel():
+                    opened.set_exception(failure)
 
             # Answered once the child is reaped; bounded by the child's close (a child that ignores it is
             # killed after REAP_TIMEOUT) and by the handle's timeout.
