@@ -8,9 +8,11 @@ Signatures (C.2, with these additions and nothing removed):
     Adapter.open(config, *, bus=None, timeout=None, launch: LaunchOptions | None = None, name=None) -> Adapter
         ``launch`` (addition): model server URL / CODEX_HOME / extra args for the child (see LaunchOptions).
         ``bus``: the Node to spawn the actor on (None: a private in-process node, made once per process).
+    Adapter.open_future(config, *, bus=None, timeout=None, launch=None, name=None) -> Future[Adapter]
     Adapter.attach(bus, address, *, timeout=None) -> Adapter        (addition) a new handle (Retain) on an
         adapter actor that runs elsewhere, e.g. in another process.
     Adapter.clone() -> Adapter;  Adapter.close() -> None;  with Adapter ...: (exit == close)
+    Adapter.clone_future() -> Future[Adapter];  Adapter.close_future(*, timeout=None) -> Future[None]
     Adapter.start_turn(conversation_key, input, *, timeout=None) -> Turn
     Adapter.start_turn_future(conversation_key, input, *, timeout=None) -> Future[Turn]
     Adapter.diagnostics(*, timeout=None) -> bytes
@@ -19,11 +21,16 @@ Signatures (C.2, with these additions and nothing removed):
     Turn.respond(call_id, result, *, timeout=None) -> None
     Turn.respond_future(call_id, result, *, timeout=None) -> Future[None]
     Turn.abandon(*, timeout=None) -> None;  with Turn ...: (exit == abandon)
+    Turn.abandon_future(*, timeout=None) -> Future[None]
     Turn.usage(*, timeout=None) -> TokenUsage | None   (addition) codex's token counts for the turn so far
+    Turn.usage_future(*, timeout=None) -> Future[TokenUsage | None]
     Turn.conversation_key, Turn.turn_id
 
 Every failure is an ``AdapterError``; a vanished adapter actor (``NotDelivered``/``Unavailable``) is raised
-as ``AdapterError(UNAVAILABLE)`` (MB-10); a ``timeout`` that runs out raises ``BusTimeout`` (Expired).
+as ``AdapterError(UNAVAILABLE)`` (MB-10); a ``timeout`` that runs out raises ``BusTimeout`` (Expired). A
+``*_future`` twin (C.1) only sends its request: it never blocks, so an actor may call it and wait for the
+future by message (the Router's codex turns do); the future settles with what its blocking twin returns or
+raises.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.codex.actor import CodexAdapterActor
-from actors.codex.child import LaunchOptions
+from actors.codex.child import REAP_TIMEOUT, LaunchOptions
 from actors.codex.messages import (
     Abandon,
     AwaitOpen,
@@ -127,6 +134,29 @@ class _Link:
         inner = self.node.request_future(self.address, message, timeout=self.t(timeout))
         return chained(inner, convert, lambda error: _typed(error, self.address))
 
+    def quiet_future(self, message: Any, timeout: float | None) -> concurrent.futures.Future[None]:
+        """A request whose answer is ``None``, an ``AdapterError`` included (the actor is gone: nothing is
+        left to do); other errors (``Expired``) are the future's."""
+        inner = self.node.request_future(self.address, message, timeout=self.t(timeout))
+        outer: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            error = fut.exception()
+            typed = None if error is None else _typed(error, self.address)
+            if typed is None or isinstance(typed, AdapterError):
+                outer.set_result(None)
+            else:
+                outer.set_exception(typed)
+
+        inner.add_done_callback(done)
+        return outer
+
+
+def _settled(value: Any = None) -> concurrent.futures.Future[Any]:
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    done.set_result(value)
+    return done
+
 
 class Adapter:
     """A handle on one Codex-adapter actor (one child). Clones share the child and the key registry."""
@@ -151,6 +181,66 @@ class Adapter:
         name: str | None = None,
     ) -> Adapter:
         """AD-04/05/06: validate (nothing spawned on a bad config), start the child, finish the handshake."""
+        ref, link, handle = cls._spawn(config, bus, timeout, launch, name)
+        try:
+            link.call(AwaitOpen(), timeout)
+        except BaseException:
+            ref.stop(block=True, timeout=10)  # reaps the child (AD-05)
+            raise
+        return cls(link, handle)
+
+    @classmethod
+    def open_future(
+        cls,
+        config: AdapterConfig,
+        *,
+        bus: Node | None = None,
+        timeout: float | None = None,
+        launch: LaunchOptions | None = None,
+        name: str | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """``open`` without blocking: the actor is spawned here (a bad config raises here, nothing spawned),
+        and the future settles with the handle once the handshake finished. If it fails, the opener's handle
+        is released first (the child is closed and reaped, AD-05/AD-17) and the future then raises what
+        ``open`` would. A future cancelled before it settled releases the handle it would have given."""
+        ref, link, handle = cls._spawn(config, bus, timeout, launch, name)
+        opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def answered(fut: concurrent.futures.Future[Any]) -> None:
+            error = fut.exception()
+            if error is None:
+                adapter = cls(link, handle)
+                if opened.set_running_or_notify_cancel():
+                    opened.set_result(adapter)
+                else:  # nobody takes the handle: released (the child is closed)
+                    adapter.close_future()
+                return
+            failure = _typed(error, link.address)
+
+            def reaped(_: concurrent.futures.Future[Any]) -> None:
+                with contextlib.suppress(Exception):  # stopped already
+                    ref.stop(block=False)  # in case the release did not end it in time
+                if opened.set_running_or_notify_cancel():
+                    opened.set_exception(failure)
+
+            # Answered once the child is reaped; bounded by the child's close (a child that ignores it is
+            # killed after REAP_TIMEOUT) and by the handle's timeout.
+            release = link.quiet_future(Release(handle=handle), max(link.timeout, REAP_TIMEOUT + 2.0))
+            release.add_done_callback(reaped)
+
+        link.node.request_future(link.address, AwaitOpen(), timeout=link.timeout).add_done_callback(answered)
+        return opened
+
+    @staticmethod
+    def _spawn(
+        config: AdapterConfig,
+        bus: Node | None,
+        timeout: float | None,
+        launch: LaunchOptions | None,
+        name: str | None,
+    ) -> tuple[Any, _Link, str]:
+        """Validate ``config`` and start its actor (which spawns the child on its own thread): its ref, the
+        link to it and the opener's handle."""
         validate_config(config)
         node = bus if bus is not None else _private_node()
         actor_name = name or f"codex-{os.getpid()}-{next(_names)}"
@@ -160,12 +250,7 @@ class Adapter:
         handle = secrets.token_hex(16)  # the opener's handle: only this token closes it
         ref = node.spawn(kind, actor_name, config=config, launch=launch, handle=handle)
         link = _Link(node, f"{node.name}/{actor_name}", DEFAULT_TIMEOUT if timeout is None else timeout)
-        try:
-            link.call(AwaitOpen(), timeout)
-        except BaseException:
-            ref.stop(block=True, timeout=10)  # reaps the child (AD-05)
-            raise
-        return cls(link, handle)
+        return ref, link, handle
 
     @classmethod
     def attach(cls, bus: Node, address: str, *, timeout: float | None = None) -> Adapter:
@@ -185,6 +270,11 @@ class Adapter:
         retained = self._link.call(Retain(), None)
         return Adapter(self._link, retained.handle)
 
+    def clone_future(self) -> concurrent.futures.Future[Any]:
+        self._check()
+        link = self._link
+        return link.future(Retain(), None, lambda retained: Adapter(link, retained.handle))
+
     def close(self, *, timeout: float | None = None) -> None:
         """AD-17: release this handle; the last release closes and reaps the child. Idempotent."""
         if self._closed:
@@ -192,6 +282,14 @@ class Adapter:
         self._closed = True
         with contextlib.suppress(AdapterError):  # the actor is gone already: nothing left to release
             self._link.call(Release(handle=self._handle), timeout)
+
+    def close_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[None]:
+        """``close`` without blocking: the future settles (``None``) once the release was answered (the last
+        one: once the child is reaped); a gone actor is ``None`` too, an unanswered release ``Expired``."""
+        if self._closed:
+            return _settled()
+        self._closed = True
+        return self._link.quiet_future(Release(handle=self._handle), timeout)
 
     def _check(self) -> None:
         if self._closed:
@@ -259,9 +357,7 @@ class Turn:
 
     def next_event_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
         if self._state != "active":
-            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            done.set_result(None)
-            return done
+            return _settled()
         return self._link.future(NextEvent(turn_id=self.turn_id), timeout, self._seen)
 
     def respond(self, call_id: str, result: ToolResult, *, timeout: float | None = None) -> None:
@@ -281,6 +377,9 @@ class Turn:
         reply: TurnUsageReply = self._link.call(TurnUsage(turn_id=self.turn_id), timeout)
         return reply.usage
 
+    def usage_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[Any]:
+        return self._link.future(TurnUsage(turn_id=self.turn_id), timeout, lambda reply: reply.usage)
+
     def abandon(self, *, timeout: float | None = None) -> None:
         """TU-05/06: interrupt an unfinished turn and free its key; a no-op when finished or abandoned."""
         if self._state != "active":
@@ -288,6 +387,14 @@ class Turn:
         self._state = "abandoned"
         with contextlib.suppress(AdapterError):
             self._link.call(Abandon(turn_id=self.turn_id), timeout)
+
+    def abandon_future(self, *, timeout: float | None = None) -> concurrent.futures.Future[None]:
+        """``abandon`` without blocking; settles (``None``) once the adapter took it (at once when there was
+        nothing to abandon); an unanswered abandon is ``Expired``."""
+        if self._state != "active":
+            return _settled()
+        self._state = "abandoned"
+        return self._link.quiet_future(Abandon(turn_id=self.turn_id), timeout)
 
     def __enter__(self) -> Turn:
         return self

@@ -2,7 +2,8 @@
 canonical receipts (seed 000: ``kcode_intelligence_router``; RULES.md RT-*, A.2).
 
 No provider turn has a thread of its own (stepping.py): a turn is a generator that an actor steps, one
-step per mailbox message. The scripted model's turns run on this actor's own thread; the local model's on
+step per mailbox message. The scripted model's and codex's turns run on this actor's own thread (codex's
+waits are requests to its adapter actor, whose replies come back as messages); the local model's on
 the one actor that owns the model (its mailbox is their queue); blocking HTTP providers' on a pool of at
 most ``turn_workers`` worker actors. A hosted turn reports back through this actor's mailbox, so the Router
 keeps answering while tokens stream. Per turn it keeps a queue of events; a ``NextTurnEvent``
@@ -129,6 +130,7 @@ from actors.router.stepping import (
     STEP,
     CancelTurn,
     HostTurn,
+    Resolved,
     ResumeTurn,
     RunCall,
     Step,
@@ -302,6 +304,7 @@ class RouterActor(BusActor):
             wake=lambda: _tell_quietly(ref, STEP),
             finish=lambda op, outcome, error: self._own(Finished(op, outcome, error)),
             later=self._later,
+            post=lambda fn: _tell_quietly(ref, Resolved(fn)),
         )
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -444,7 +447,7 @@ class RouterActor(BusActor):
                 for stepped in held.values():
                     self._flush(stepped)
                 self._ack_owed()
-            case _Later(fn=fn):
+            case _Later(fn=fn) | Resolved(fn=fn):
                 fn()
             case _CancelInline(operation_id=op):
                 self._inline.cancel(op)

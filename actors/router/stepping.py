@@ -6,20 +6,25 @@ message (``STEP``), so a cancel, a tool result or another request is handled bet
 
 - a FIFO of turns ready to run, and at most one *active* turn: the one that yielded ``Pause`` keeps the
   host until it yields anything else (a model generating keeps the model), then the next ready turn runs;
-- a turn waiting for a tool result (``AwaitResult``), a delay (``Sleep``) or its cancel (``AwaitCancel``)
-  is parked and holds nothing; a result that arrives before it is awaited is kept for it;
+- a turn waiting for a tool result (``AwaitResult``), a future (``AwaitFuture``), a delay (``Sleep``) or
+  its cancel (``AwaitCancel``) is parked and holds nothing; a result that arrives before it is awaited is
+  kept for it;
+- a future's outcome comes back by message: its done-callback (on whichever thread settles it) only hands
+  the wake-up to the host's actor (``post``), and the turn's next step, on the host's thread, is sent the
+  result or has the exception thrown in; an outcome that settles after the turn ended is dropped;
 - ``cancel`` throws ``TurnCancelled`` into the turn wherever it waits, and the turn ends there.
 
-Who hosts: the Router itself for ``"inline"`` providers (the scripted model); a ``TurnWorker`` actor for the
-others: the one a provider owns (``"owner"``: the local model, whose mailbox is then its queue of turns and
-token counts) or one of the Router's ``TurnPool`` (``"pool"``: blocking HTTP providers, and any provider
-with only a blocking ``run_turn``), bounded by configuration. ``run_hosted`` is the blocking bridge for a
-direct caller of a hosted provider's ``run_turn`` (tests, not actors).
+Who hosts: the Router itself for ``"inline"`` providers (the scripted model, codex); a ``TurnWorker`` actor
+for the others: the one a provider owns (``"owner"``: the local model, whose mailbox is then its queue of
+turns and token counts) or one of the Router's ``TurnPool`` (``"pool"``: blocking HTTP providers, and any
+provider with only a blocking ``run_turn``), bounded by configuration. ``run_hosted`` is the blocking bridge
+for a direct caller of a hosted provider's ``run_turn`` (tests, not actors).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -35,6 +40,7 @@ import pykka
 from actors.router.messages import TurnCancelled
 from actors.router.providers.base import (
     AwaitCancel,
+    AwaitFuture,
     AwaitResult,
     Pause,
     ProviderError,
@@ -56,6 +62,10 @@ Later = Callable[[float, Callable[[], None]], object]
 Awaiting = Callable[[uuid.UUID, str], None]
 """``awaiting(op, call_id)``: the turn parked for that call's result (a bridge answers it)."""
 
+Post = Callable[[Callable[[], None]], None]
+"""``post(fn)``: run ``fn`` on the host's thread soon (by a tell to its actor, ``Resolved``); callable from
+any thread."""
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -65,17 +75,28 @@ class Step:
 STEP: Final = Step()
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A future a hosted turn waits on has settled: run ``fn`` (``TurnHost``'s) on the host's thread."""
+
+    fn: Callable[[], None]
+
+
 @dataclass(eq=False, slots=True)
 class _Hosted:
     steps: TurnSteps
-    send: ToolResult | None = None  # what the next step is sent (a tool result)
+    send: Any = None  # what the next step is sent (a tool result, a future's result)
+    throw: BaseException | None = None  # what the next step throws in instead (a future's exception)
     waits_for: str | None = None  # the call id it is parked on
+    future: concurrent.futures.Future[Any] | None = None  # the future it is parked on
     results: dict[str, ToolResult] = field(default_factory=dict)  # arrived before they were awaited
     parked: bool = False
 
 
 class TurnHost:
-    """The stepped turns of one actor; every method runs on that actor's thread (no lock)."""
+    """The stepped turns of one actor; every method runs on that actor's thread (no lock). ``post`` is how a
+    settled future's wake-up reaches that thread; a host without it throws ``RuntimeError`` into a turn that
+    yields ``AwaitFuture``."""
 
     def __init__(
         self,
@@ -83,11 +104,13 @@ class TurnHost:
         finish: Finish,
         later: Later | None = None,
         awaiting: Awaiting | None = None,
+        post: Post | None = None,
     ) -> None:
         self._wake = wake
         self._finish = finish
         self._later = later
         self._awaiting = awaiting
+        self._post = post
         self._turns: dict[uuid.UUID, _Hosted] = {}
         self._ready: collections.deque[uuid.UUID] = collections.deque()
         self._active: uuid.UUID | None = None
@@ -126,7 +149,7 @@ class TurnHost:
     def wake_up(self, op: uuid.UUID) -> None:
         """A parked turn's delay is over."""
         turn = self._turns.get(op)
-        if turn is not None and turn.parked and turn.waits_for is None:
+        if turn is not None and turn.parked and turn.waits_for is None and turn.future is None:
             turn.parked = False
             self._ready.append(op)
             self._poke()
@@ -173,9 +196,10 @@ class TurnHost:
             self._active = op
         turn = self._turns[op]
         send, turn.send = turn.send, None
+        throw, turn.throw = turn.throw, None
         self.steps_run += 1
         try:
-            wait = turn.steps.send(send)
+            wait = turn.steps.send(send) if throw is None else turn.steps.throw(throw)
         except StopIteration as stop:
             self._end(op, stop.value, None)
         except BaseException as exc:  # noqa: BLE001 - reported to the Router, which decides the receipt
@@ -203,10 +227,50 @@ class TurnHost:
                         self.wake_up(op)
                     else:
                         self._later(max(0.0, seconds), lambda: self.wake_up(op))
+                case AwaitFuture(future=future):
+                    self._active = None
+                    if future.done():  # settled already: taken here, on this thread, at the next step
+                        self._take(turn, future)
+                        self._ready.append(op)
+                    elif self._post is None:
+                        turn.throw = RuntimeError("this turn host cannot wait for a future")
+                        self._ready.append(op)
+                    else:
+                        turn.parked, turn.future = True, future
+                        post = self._post
+
+                        def settled(
+                            done: concurrent.futures.Future[Any], op: uuid.UUID = op, turn: _Hosted = turn
+                        ) -> None:
+                            post(lambda: self._settled(op, turn, done))  # any thread: only a tell
+
+                        future.add_done_callback(settled)
                 case AwaitCancel():
                     self._active = None
                     turn.parked = True
         self._poke()
+
+    def _settled(self, op: uuid.UUID, turn: _Hosted, future: concurrent.futures.Future[Any]) -> None:
+        """On the host's thread: ``future`` settled. Ready the turn that waits on it; a turn that ended or
+        was cancelled meanwhile (or waits on something else) is not woken: the outcome is dropped."""
+        if self._turns.get(op) is not turn or turn.future is not future:
+            return
+        turn.parked, turn.future = False, None
+        self._take(turn, future)
+        self._ready.append(op)
+        self._poke()
+
+    @staticmethod
+    def _take(turn: _Hosted, future: concurrent.futures.Future[Any]) -> None:
+        """What the turn's next step gets from a settled future: its result, or its exception thrown."""
+        if future.cancelled():
+            turn.throw = concurrent.futures.CancelledError()
+            return
+        error = future.exception()
+        if error is not None:
+            turn.throw = error
+        else:
+            turn.send = future.result()
 
     def _end(self, op: uuid.UUID, outcome: ProviderOutcome | None, error: BaseException | None) -> None:
         self._turns.pop(op, None)
@@ -291,6 +355,7 @@ class TurnWorker(pykka.ThreadingActor):
             wake=lambda: _tell_quietly(ref, STEP),
             finish=self._finished,
             awaiting=self._parked,
+            post=lambda fn: _tell_quietly(ref, Resolved(fn)),
         )
 
     def on_start(self) -> None:
@@ -320,6 +385,8 @@ class TurnWorker(pykka.ThreadingActor):
                     self.host.add(op, steps)
             case ResumeTurn(operation_id=op, call_id=call_id, result=result):
                 self.host.resume(op, call_id, result)
+            case Resolved(fn=fn):
+                fn()
             case CancelTurn(operation_id=op, cause=cause):
                 self.host.cancel(op, cause)
             case RunCall(fn=fn, done=done):

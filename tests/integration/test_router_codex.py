@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from actors.router.messages import (
     ProviderUnavailable,
     StartTurn,
     SubmitInput,
+    TurnCancelled,
     TurnCompleted,
     TurnInput,
     TurnTextDelta,
@@ -70,7 +72,7 @@ KTOOL_CALL = {
 TOOL_TURN = [KTOOL_CALL, {"text": ["Sunny ", "in ", "Paris."]}]
 
 
-def catalog(server: ModelServer, workdir: Path) -> ModelCatalog:
+def catalog(server: ModelServer, workdir: Path, **options: Any) -> ModelCatalog:
     return ModelCatalog(
         [
             ModelEntry(
@@ -85,7 +87,7 @@ def catalog(server: ModelServer, workdir: Path) -> ModelCatalog:
             ProviderEntry(
                 name="cx",
                 kind="codex",
-                options={"model_base_url": server.base_url, "working_directory": str(workdir)},
+                options={"model_base_url": server.base_url, "working_directory": str(workdir), **options},
             )
         ],
     )
@@ -94,24 +96,26 @@ def catalog(server: ModelServer, workdir: Path) -> ModelCatalog:
 @pytest.fixture
 def router(
     make_node: Callable[..., Node], spawn_peer: Callable[..., Any], tmp_path: Path
-) -> Callable[[list[dict[str, Any]]], tuple[Node, RouterClient, ModelServer]]:
-    """A Router whose model ``codex-fake`` runs on codex, built from its catalog like a config would."""
+) -> Callable[..., tuple[Node, RouterClient, ModelServer]]:
+    """A Router whose model ``codex-fake`` runs on codex, built from its catalog like a config would (with
+    more provider ``options`` if given)."""
 
-    def start(script: list[dict[str, Any]]) -> tuple[Node, RouterClient, ModelServer]:
+    def start(script: list[dict[str, Any]], **options: Any) -> tuple[Node, RouterClient, ModelServer]:
         server = start_model_server(spawn_peer, tmp_path, script)
         workdir = tmp_path / "ws"
         workdir.mkdir(exist_ok=True)
         node = make_node("n1", registry=registry())
-        node.spawn(RouterActor, "router", catalog=catalog(server, workdir), data_dir=tmp_path / "data")
+        models = catalog(server, workdir, **options)
+        node.spawn(RouterActor, "router", catalog=models, data_dir=tmp_path / "data")
         return node, RouterClient(node, "n1/router", timeout=WAIT), server
 
     return start
 
 
-def start_turn(client: RouterClient, text: str) -> uuid.UUID:
+def start_turn(client: RouterClient, text: str, parent: uuid.UUID | None = None) -> uuid.UUID:
     spec = StartTurn(
         user_id="u1",
-        parent_operation_id=uuid.uuid4(),
+        parent_operation_id=parent or uuid.uuid4(),
         model=MODEL,
         input=text,
         tool_description="Run an application tool by name.",
@@ -222,6 +226,68 @@ def test_cancelling_a_turn_waiting_for_its_tool_result_interrupts_codex(
     done = list(client.events(op2, timeout=WAIT))[-1]
     assert isinstance(done, TurnCompleted) and done.answer == "next turn"
     assert len(server.requests()) == 2
+
+
+def turn_threads() -> set[str]:
+    """The running threads that host provider turns (a ``TurnWorker``'s thread is ``kbus-turn-<name>``)."""
+    return {t.name for t in threading.enumerate() if t.name.startswith("kbus-turn-")}
+
+
+def test_a_codex_tool_turn_is_stepped_by_the_router_itself_with_no_worker_thread(
+    router: Callable[[list[dict[str, Any]]], tuple[Node, RouterClient, ModelServer]],
+) -> None:
+    """Issue 15, item 5 (the Router reaches the codex adapter by message): a codex tool turn completes,
+    its tool result answered on the same codex turn, while no turn-worker thread starts, neither while it
+    waits for the tool result nor after: the Router steps it on its own thread."""
+    before = turn_threads()
+    _, client, server = router(TOOL_TURN)
+    op = start_turn(client, "Weather in Paris?")
+    events = client.events(op, timeout=WAIT)
+    call = next(e for e in events if isinstance(e, TurnToolCall))
+    waiting = turn_threads()
+    client.respond(op, call.call_id, ToolResult(success=True, output="Sunny, 21C"), timeout=WAIT)
+    done = [e for e in events if isinstance(e, TurnCompleted)]
+    assert [d.answer for d in done] == ["Sunny in Paris."]
+    assert done[0].receipt.status == "completed" and client.receipt(op, timeout=WAIT) == done[0].receipt
+    assert waiting - before == set() and turn_threads() - before == set()
+    assert [(o["call_id"], o["output"]) for o in function_outputs(server.requests()[1])] == [
+        ("call_w1", "Sunny, 21C")
+    ]
+
+
+def test_cancelling_a_codex_turn_mid_stream_interrupts_it_and_settles_one_receipt(
+    router: Callable[..., tuple[Node, RouterClient, ModelServer]],
+) -> None:
+    """Issue 15, item 5: a cancel while the turn waits on its adapter (a next_event request, the model
+    mid-stream) is thrown into the turn, which abandons its native turn: codex interrupts it and drops the
+    model's stream (the model server sees the connection close; CODEX.md, turn/interrupt while streaming)
+    while the child lives on and serves the next turn. The cancelled turn has one receipt, "interrupted",
+    the same however it is asked for, and no turn-worker thread ran either turn."""
+    before = turn_threads()
+    script = [{"text": ["part"], "then": "hang"}, {"text": ["next turn"]}]
+    # codex's own stream idle timeout far beyond WAIT: only the interrupt can end the model's stream here.
+    _, client, server = router(script, stream_idle_timeout_ms=600_000)
+    parent = uuid.uuid4()
+    op = start_turn(client, "Go", parent)
+    while not isinstance(client.next_event(op, timeout=WAIT), TurnTextDelta):
+        pass
+    server.peer.expect_line("STREAMING", timeout=WAIT)
+    children = codex_children()
+    assert len(children) == 1
+    assert client.cancel(op, timeout=WAIT) == (op,)
+    server.peer.expect_line("DISCONNECTED", timeout=WAIT)  # codex gave up the model request: interrupted
+    receipt = client.receipt(op, timeout=WAIT)
+    assert receipt.status == "interrupted"
+    with pytest.raises(TurnCancelled) as err:
+        client.next_event(op, timeout=WAIT)
+    assert err.value.receipt == receipt
+    op2 = start_turn(client, "Again?", parent)
+    done = list(client.events(op2, timeout=WAIT))[-1]
+    assert isinstance(done, TurnCompleted) and done.answer == "next turn"
+    assert codex_children() == children  # the same child
+    assert client.receipts_for(parent, timeout=WAIT) == (receipt, done.receipt)
+    assert client.receipt(op, timeout=WAIT) == receipt
+    assert turn_threads() - before == set()
 
 
 # ------------------------------------------------------------------------------------------ run_session

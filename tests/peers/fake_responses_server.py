@@ -10,7 +10,8 @@ Each request is appended to ``--log`` (one JSON line: path, headers, body)
 - ``{"text": ["Hel", "lo"]}``                       an assistant message streamed as deltas
 - ``{"tool_calls": [{"call_id", "name", "arguments": {...}}]}``   function calls (one response)
 - ``{"status": 500}``                               an HTTP error
-- ``{"text": [...], "then": "hang"}``               the deltas, then silence until killed (prints STREAMING)
+- ``{"text": [...], "then": "hang"}``               the deltas, then silence until killed (prints STREAMING;
+                                                    then DISCONNECTED once the client closed the connection)
 - ``{"text": [...], "then": "drop"}``               the deltas, then the socket is closed mid-stream
 - ``{"echo": true}``                                answers "echo: " + the last user message's text
 - ``{"delay": 0.5, ...}``                           waits before answering (a slow model)
@@ -167,6 +168,13 @@ class Handler(BaseHTTPRequestHandler):
             then = step.get("then")
             if then == "hang":
                 print("STREAMING", index, flush=True)
+                # The client sends nothing more on this request: a read returns only at its close.
+                try:
+                    closed = self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:  # reset
+                    closed = True
+                if closed:
+                    print("DISCONNECTED", index, flush=True)
                 threading.Event().wait()
             if then == "drop":
                 self.connection.shutdown(socket.SHUT_RDWR)

@@ -2,12 +2,14 @@
 
 A provider turn is a generator, ``Provider.steps(request, io)`` (``TurnSteps``): it ``emit``s events through
 ``TurnIO`` as they happen and *yields* what it waits for next (``Wait``): ``AwaitResult`` (the result of a
-tool call it emitted is sent back into it), ``Pause`` (more to do: let the hosting actor handle its other
-messages first), ``Sleep`` or ``AwaitCancel``. It returns a ``ProviderOutcome`` or raises ``ProviderError``
-(with the original exception as ``__cause__``). Cancelling a turn throws ``TurnCancelled`` into it at the
-yield where it waits. No turn has a thread of its own: an actor hosts its generator
-(``actors/router/stepping.py``), and ``Provider.placement`` says which one: ``"inline"`` on the Router's
-own thread (a turn that never blocks: the scripted model), ``"owner"`` on an actor the provider owns
+tool call it emitted is sent back into it), ``AwaitFuture`` (a ``concurrent.futures.Future``, such as a bus
+request's: its result is sent back into it, or its exception thrown), ``Pause`` (more to do: let the
+hosting actor handle its other messages first), ``Sleep`` or ``AwaitCancel``. It returns a
+``ProviderOutcome`` or raises ``ProviderError`` (with the original exception as ``__cause__``). Cancelling a
+turn throws ``TurnCancelled`` into it at the yield where it waits. No turn has a thread of its own: an actor
+hosts its generator (``actors/router/stepping.py``), and ``Provider.placement`` says which one: ``"inline"``
+on the Router's own thread (a turn that never blocks: the scripted model, and codex, whose every wait is a
+request to its adapter actor), ``"owner"`` on an actor the provider owns
 (``Provider.turn_host``; the local model, one generation at a time), or ``"pool"`` on one of the Router's
 configured worker actors (a turn that blocks on the network between its yields). A provider that has only
 the older blocking ``run_turn(request, io)`` runs on the pool, waiting with ``TurnIO.wait_result``.
@@ -18,6 +20,7 @@ calls, receipts, timeouts and cancellation.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -160,8 +163,19 @@ class AwaitCancel:
     """Nothing more until the turn is cancelled (a scripted hang)."""
 
 
-Wait = AwaitResult | Pause | Sleep | AwaitCancel
-TurnSteps = Generator[Wait, ToolResult | None, ProviderOutcome]
+@dataclass(frozen=True, slots=True)
+class AwaitFuture:
+    """The outcome of ``future`` (e.g. a bus request's, the codex facade's ``*_future``): the host sends its
+    result back, or throws its exception in, on the host's own thread, and holds nothing meanwhile. What
+    bounds the wait is the future's own (a bus request's timeout); a cancel throws ``TurnCancelled`` in, and
+    the future's later outcome is dropped (the turn's to clean up after, if it must)."""
+
+    future: concurrent.futures.Future[Any]
+
+
+Wait = AwaitResult | AwaitFuture | Pause | Sleep | AwaitCancel
+# What a step is sent: a ToolResult (AwaitResult), an AwaitFuture's result, or None.
+TurnSteps = Generator[Wait, Any, ProviderOutcome]
 Placement = Literal["inline", "owner", "pool"]
 PAUSE: Final = Pause()
 
@@ -228,45 +242,68 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
+_POLL: Final = 0.05  # how often ``drive`` looks at ``io.cancelled`` while it waits for a future
+
+
 def drive(steps: TurnSteps, io: TurnIO) -> ProviderOutcome:
     """Run a stepped turn to its end on the calling thread (a direct caller's ``run_turn``, never an
     actor's): an ``AwaitResult`` waits in ``io.wait_result`` (its ``TurnCancelled`` is thrown into the
-    turn), a ``Sleep`` or ``AwaitCancel`` waits on ``io.cancelled``."""
-    send: ToolResult | None = None
+    turn), an ``AwaitFuture`` blocks on its future until it settles or ``io.cancelled`` is set (then
+    ``TurnCancelled`` is thrown in), a ``Sleep`` or ``AwaitCancel`` waits on ``io.cancelled``."""
+    send: Any = None
+    throw: BaseException | None = None
     try:
         while True:
             try:
-                wait = steps.send(send)
+                wait = steps.send(send) if throw is None else steps.throw(throw)
             except StopIteration as stop:
                 outcome: ProviderOutcome = stop.value
                 return outcome
-            send = None
+            send, throw = None, None
             match wait:
                 case AwaitResult(call_id=call_id):
                     try:
                         send = io.wait_result(call_id)
                     except TurnCancelled as exc:
-                        try:
-                            steps.throw(exc)
-                        except StopIteration as stop:
-                            done: ProviderOutcome = stop.value
-                            return done
-                        raise ProviderError("cancelled", "turn cancelled", started=True) from exc
+                        return _cancelled(steps, exc, started=True)
+                case AwaitFuture(future=future):
+                    if not _settled(future, io.cancelled):
+                        return _cancelled(steps, TurnCancelled("turn cancelled"), started=False)
+                    if future.cancelled():
+                        throw = concurrent.futures.CancelledError()
+                    else:
+                        throw = future.exception()
+                        if throw is None:
+                            send = future.result()
                 case Sleep(seconds=seconds):
                     io.cancelled.wait(max(0.0, seconds))
                 case AwaitCancel():
                     io.cancelled.wait()
-                    cancelled = TurnCancelled("turn cancelled")
-                    try:
-                        steps.throw(cancelled)
-                    except StopIteration as stop:
-                        ended: ProviderOutcome = stop.value
-                        return ended
-                    raise ProviderError("cancelled", "turn cancelled") from cancelled
+                    return _cancelled(steps, TurnCancelled("turn cancelled"), started=False)
                 case Pause():
                     pass
     finally:
         steps.close()
+
+
+def _settled(future: concurrent.futures.Future[Any], cancelled: threading.Event) -> bool:
+    """Block until ``future`` settles (True) or ``cancelled`` is set first (False)."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    while not done.wait(_POLL):
+        if cancelled.is_set():
+            return False
+    return True
+
+
+def _cancelled(steps: TurnSteps, cancel: TurnCancelled, *, started: bool) -> ProviderOutcome:
+    """Throw the cancel into the turn: how it ends (it may still return an outcome)."""
+    try:
+        steps.throw(cancel)
+    except StopIteration as stop:
+        done: ProviderOutcome = stop.value
+        return done
+    raise ProviderError("cancelled", "turn cancelled", started=started) from cancel
 
 
 def estimate_tokens(text: str) -> int:

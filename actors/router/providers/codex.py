@@ -10,13 +10,18 @@ instructions, and the one native tool ``call_ktool`` is declared as the thread's
 - tool calls: each dynamic call is emitted as a ``ToolCallRequested`` with its exact call id and its
   arguments as JSON text (the Router parses them strictly), its result is awaited and answered on the same
   Codex turn, and the model's next request is reported as ``Submitted(continued=True)``;
-- cancellation: checked while waiting for each event and each tool result; the native turn is then
-  abandoned (``turn/interrupt``), and the Router issues the receipt;
+- no thread of its own: a turn is a generator (``steps``) that yields ``AwaitFuture`` for every adapter call
+  (the facade's ``*_future`` twins, bus requests to the adapter actor) and ``AwaitResult`` for a tool
+  result, so the Router steps it on its own thread (``placement = "inline"``) and never blocks there;
+  ``run_turn`` drives one on the calling thread for a direct caller;
+- cancellation: thrown into the turn wherever it waits; the native turn is then abandoned
+  (``turn/interrupt``, sent and not waited for), and the Router issues the receipt;
 - usage: what codex reported for the turn (``thread/tokenUsage/updated``, summed over its model requests by
   the adapter, ``Turn.usage()``), read when the turn ends and emitted as one ``UsageUpdate``; ``None`` when
   codex reported none (none is invented).
 
-Adapters (one ``codex app-server`` child each) are opened on first use and shared by every turn with the
+Adapters (one ``codex app-server`` child each) are opened on first use (``Adapter.open_future``: the
+adapter actor spawns the child on its own thread) and shared by every turn with the
 same model, effort, instructions and tool description (``AdapterConfig`` is per child); at most
 ``max_children`` are kept, the least recently used closed first. Errors are ``ProviderError`` with the
 ``AdapterError`` as ``__cause__``: ``unavailable`` when the child or the model server could not be reached,
@@ -43,7 +48,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from actors.codex.binary import find_codex
@@ -61,6 +66,8 @@ from actors.codex.types import (
     ToolCallEvent,
 )
 from actors.router.providers.base import (
+    AwaitFuture,
+    AwaitResult,
     ChatMessage,
     NativeToolCall,
     ProviderError,
@@ -70,7 +77,10 @@ from actors.router.providers.base import (
     TurnCancelled,
     TurnIO,
     TurnRequest,
+    TurnSteps,
     UsageUpdate,
+    Wait,
+    drive,
     model_context,
 )
 from actors.router.providers.base import TextDelta as ProviderTextDelta
@@ -78,8 +88,6 @@ from actors.types import TokenUsage
 from transport.errors import BusError
 
 log = logging.getLogger(__name__)
-
-_POLL = 0.05  # how often a wait for the adapter looks at the turn's cancellation flag
 
 _KIND: dict[ErrorKind, str] = {
     ErrorKind.UNAVAILABLE: "unavailable",
@@ -111,23 +119,65 @@ def instructions_of(base: str, messages: Sequence[ChatMessage]) -> str:
     return "\n\n".join(p for p in (base, *(m.content for m in messages if m.role == "system")) if p)
 
 
-class _Cancelled(Exception):
-    pass
+def _logged(what: str) -> Callable[[concurrent.futures.Future[Any]], None]:
+    """A done-callback that logs a failed release or abandon (the turn's outcome is decided already, and a
+    node stop reaps the child)."""
+
+    def done(future: concurrent.futures.Future[Any]) -> None:
+        error = future.exception()
+        if error is not None:
+            log.warning("codex %s failed: %r", what, error)
+
+    return done
 
 
-def _close_quietly(adapter: Adapter) -> None:
-    """Release a handle; an adapter actor that does not answer in time is logged, not raised (the turn's
-    outcome is decided already, and a node stop reaps the child)."""
-    try:
-        adapter.close()
-    except BusError as exc:
-        log.warning("codex adapter %s: close failed: %r", adapter.address, exc)
+def _let_go(adapter: Adapter) -> concurrent.futures.Future[None]:
+    """Release a handle without waiting (the last release closes and reaps the child)."""
+    future = adapter.close_future()
+    future.add_done_callback(_logged(f"close of {adapter.address}"))
+    return future
+
+
+def _abandon(turn: Turn, timeout: float) -> concurrent.futures.Future[None]:
+    """Abandon a native turn (``turn/interrupt``) without waiting."""
+    future = turn.abandon_future(timeout=timeout)
+    future.add_done_callback(_logged(f"abandon of turn {turn.turn_id}"))
+    return future
+
+
+def _let_go_when_opened(future: concurrent.futures.Future[Any]) -> None:
+    """A turn cancelled while ``future`` (an open or a clone) was in flight: a handle it gives is released."""
+
+    def done(settled: concurrent.futures.Future[Any]) -> None:
+        if settled.exception() is None:
+            _let_go(settled.result())
+
+    future.add_done_callback(done)
+
+
+def _abandon_when_started(future: concurrent.futures.Future[Any], timeout: float) -> None:
+    """A turn cancelled while its start was in flight: a start accepted after all is abandoned."""
+
+    def done(settled: concurrent.futures.Future[Any]) -> None:
+        if settled.exception() is None:
+            _abandon(settled.result(), timeout)
+
+    future.add_done_callback(done)
+
+
+def _cancelled(exc: BaseException) -> BaseException:
+    """What a turn cancelled while it waited raises: ``ProviderError("cancelled")``, or the
+    ``GeneratorExit`` of a turn closed there."""
+    return exc if isinstance(exc, GeneratorExit) else ProviderError("cancelled", "turn cancelled")
 
 
 class CodexProvider:
-    """A client for the Codex app-server: one adapter (child) per distinct thread configuration."""
+    """A client for the Codex app-server: one adapter (child) per distinct thread configuration. A turn
+    (``steps``) waits on the adapter facade's futures only (``AwaitFuture``): the Router steps it on its own
+    thread (``placement = "inline"``); ``run_turn`` drives one on the calling thread."""
 
     name = "codex"
+    placement = "inline"
     # The native Codex thread keeps the conversation of a turn: a re-rendered input (Router SubmitInput)
     # cannot replace it, so the Router refuses SubmitInput for this provider instead of ignoring it.
     takes_input = False
@@ -170,7 +220,8 @@ class CodexProvider:
         self._turns_on: dict[str, int] = {}  # adapter address -> turns started on it
         self._open_timeout = open_timeout
         self._event_timeout = event_timeout
-        # Turns run on the Router's worker threads at once; this guards only the adapter table.
+        # The Router steps every turn on its own thread, but direct callers' run_turn may run on threads of
+        # their own at once: this guards only the adapter table, and is never held across a wait.
         self._lock = threading.Lock()
         self._adapters: collections.OrderedDict[tuple[str, ...], Adapter] = collections.OrderedDict()
         self._closed = False
@@ -179,24 +230,14 @@ class CodexProvider:
         return f"CodexProvider(children={len(self._adapters)})"
 
     def close(self) -> None:
-        """Release every adapter handle (the last release reaps its child). The Router calls this on its
-        own actor thread, where the adapter facade may not block: each release runs on a thread of its
-        own, and this waits for them (bounded)."""
+        """Release every adapter handle (the last release reaps its child) and wait for the releases,
+        bounded by ``open_timeout`` (the Router calls this as it stops; nothing waits for it then)."""
         with self._lock:
             self._closed = True
             adapters = list(self._adapters.values())
             self._adapters.clear()
-        closers = [
-            threading.Thread(target=adapter.close, name=f"codex-close-{i}", daemon=True)
-            for i, adapter in enumerate(adapters)
-        ]
-        for thread in closers:
-            thread.start()
-        for thread in closers:
-            thread.join(self._open_timeout)
-
-    def _is_closed(self) -> bool:
-        return self._closed
+        if adapters:
+            concurrent.futures.wait([_let_go(adapter) for adapter in adapters], timeout=self._open_timeout)
 
     # ------------------------------------------------------------------------------------ adapters
     def _config(self, request: TurnRequest) -> AdapterConfig:
@@ -216,8 +257,9 @@ class CodexProvider:
             ),
         )
 
-    def _adapter(self, request: TurnRequest) -> tuple[tuple[str, ...], Adapter]:
-        """The configuration's key, and a handle of its own on its adapter (close it after the turn)."""
+    def _adapter(self, request: TurnRequest) -> Generator[Wait, Any, tuple[tuple[str, ...], Adapter]]:
+        """The configuration's key, and a handle of its own on its adapter (release it after the turn):
+        a clone of the cached one, or a new child opened (``Adapter.open_future``)."""
         try:
             config = self._config(request)
         except FileNotFoundError as exc:
@@ -229,8 +271,6 @@ class CodexProvider:
             request.tool.name,
             request.tool.description,
         )
-        # The lock guards only the table: every adapter call (a bus round trip, up to open_timeout) is made
-        # outside it, so one slow child cannot hold up the turns of the others.
         with self._lock:
             if self._closed:
                 raise ProviderError("unavailable", "the codex provider is closed")
@@ -238,26 +278,49 @@ class CodexProvider:
             if adapter is not None:
                 self._adapters.move_to_end(key)
         if adapter is not None:
+            clone = adapter.clone_future()
             try:
-                mine = adapter.clone()
+                mine: Adapter = yield AwaitFuture(clone)
+            except (TurnCancelled, GeneratorExit) as exc:
+                _let_go_when_opened(clone)
+                raise _cancelled(exc) from None
             except BusError:  # the child is gone (or its actor does not answer): open a new one below
                 with self._lock:
                     if self._adapters.get(key) is adapter:
                         del self._adapters[key]
                         self._turns_on.pop(adapter.address, None)
-                _close_quietly(adapter)
+                _let_go(adapter)
             else:
                 self._count_turn(key, adapter)
                 return key, mine
         try:
-            opened = Adapter.open(config, timeout=self._open_timeout, launch=self._launch)
-        except BusError as exc:  # AdapterError, or Expired when the handshake did not finish in time
+            opening = Adapter.open_future(config, timeout=self._open_timeout, launch=self._launch)
+        except BusError as exc:  # a config the adapter refuses (AdapterError): nothing was spawned
             raise ProviderError("unavailable", f"codex did not start: {exc!r}") from exc
         try:
-            mine = opened.clone()
-        except BusError as exc:
-            _close_quietly(opened)
+            opened: Adapter = yield AwaitFuture(opening)
+        except (TurnCancelled, GeneratorExit) as exc:
+            _let_go_when_opened(opening)
+            raise _cancelled(exc) from None
+        except BusError as exc:  # AdapterError, or Expired when the handshake did not finish in time
             raise ProviderError("unavailable", f"codex did not start: {exc!r}") from exc
+        clone = opened.clone_future()
+        try:
+            mine = yield AwaitFuture(clone)
+        except (TurnCancelled, GeneratorExit) as exc:
+            _let_go_when_opened(clone)
+            self._keep(key, opened)  # a child that works: the next turn takes it
+            raise _cancelled(exc) from None
+        except BusError as exc:
+            _let_go(opened)
+            raise ProviderError("unavailable", f"codex did not start: {exc!r}") from exc
+        if self._keep(key, opened):
+            self._count_turn(key, opened)
+        return key, mine
+
+    def _keep(self, key: tuple[str, ...], opened: Adapter) -> bool:
+        """Put a newly opened adapter in the table (the least recently used beyond ``max_children`` leave
+        it); False when it was released instead (the provider closed, or another turn opened one first)."""
         evicted: list[Adapter] = []
         with self._lock:
             if self._is_closed() or key in self._adapters:
@@ -266,12 +329,14 @@ class CodexProvider:
                 self._adapters[key] = opened
                 while len(self._adapters) > self._max_children:
                     evicted.append(self._adapters.popitem(last=False)[1])
+            for old in evicted:
+                self._turns_on.pop(old.address, None)
         for old in evicted:
-            self._turns_on.pop(old.address, None)
-            _close_quietly(old)  # a child still running a turn lives on until that turn's handle is closed
-        if not evicted or evicted[0] is not opened:
-            self._count_turn(key, opened)
-        return key, mine
+            _let_go(old)  # a child still running a turn lives on until that turn's handle is released
+        return not evicted or evicted[0] is not opened
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def _count_turn(self, key: tuple[str, ...], adapter: Adapter) -> None:
         """One more turn (codex thread) on ``adapter``'s child; at ``recycle_after_turns`` the child leaves
@@ -288,7 +353,7 @@ class CodexProvider:
             log.info(
                 "codex child of %s served %d turns: retired after its running turns", adapter.address, count
             )
-            _close_quietly(adapter)
+            _let_go(adapter)
 
     def _forget(self, key: tuple[str, ...], address: str) -> None:
         """Drop the cached adapter at ``address`` (its child is gone): the next turn opens a new one."""
@@ -299,32 +364,52 @@ class CodexProvider:
             del self._adapters[key]
             self._turns_on.pop(address, None)
         log.warning("codex child of %s is unavailable; the next turn starts a new one", address)
-        _close_quietly(cached)
+        _let_go(cached)
 
     # --------------------------------------------------------------------------------------- turns
     def run_turn(self, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
-        key, adapter = self._adapter(request)
+        """One turn on the calling thread (a direct caller, never an actor): ``steps`` driven to its end."""
+        return drive(self.steps(request, io), io)
+
+    def steps(self, request: TurnRequest, io: TurnIO) -> TurnSteps:
+        """One Router turn; every wait is a yield (``AwaitFuture`` on the adapter facade, ``AwaitResult`` for
+        a tool result). It ends once its handle is released, except when cancelled: the release and the
+        abandon are then sent and not waited for."""
+        key, adapter = yield from self._adapter(request)
         try:
-            return self._run(adapter, request, io)
+            outcome = yield from self._run(adapter, request, io)
         except ProviderError as exc:
             cause = exc.__cause__
             if isinstance(cause, AdapterError) and cause.kind is ErrorKind.UNAVAILABLE:
                 self._forget(key, adapter.address)  # AD-18: that child takes no more turns
+            released = _let_go(adapter)
+            if exc.kind != "cancelled":  # a cancelled turn takes no more steps
+                yield from self._settle(released)
             raise
-        finally:
-            _close_quietly(adapter)
+        except BaseException:
+            _let_go(adapter)
+            raise
+        yield from self._settle(_let_go(adapter))
+        return outcome
 
-    def _run(self, adapter: Adapter, request: TurnRequest, io: TurnIO) -> ProviderOutcome:
+    @staticmethod
+    def _settle(future: concurrent.futures.Future[Any]) -> Generator[Wait, Any, None]:
+        """Wait for a release or an abandon (bounded by its request's timeout; its failure is logged). A
+        cancel here ends only the wait: the turn's outcome is decided already."""
+        with contextlib.suppress(BusError, TurnCancelled):
+            yield AwaitFuture(future)
+
+    def _run(
+        self, adapter: Adapter, request: TurnRequest, io: TurnIO
+    ) -> Generator[Wait, Any, ProviderOutcome]:
         io.emit(Submitted(model_context(request)))
         key = f"router-turn-{uuid.uuid4().hex}"
         start = adapter.start_turn_future(key, render_input(request.messages), timeout=self._open_timeout)
         try:
-            turn: Turn = self._wait(start, io)
-        except _Cancelled:
-            # Cancelled while the start is in flight: a start that is accepted after all is abandoned.
-            with contextlib.suppress(BaseException):
-                start.result(timeout=self._open_timeout).abandon(timeout=self._open_timeout)
-            raise ProviderError("cancelled", "turn cancelled") from None
+            turn: Turn = yield AwaitFuture(start)
+        except (TurnCancelled, GeneratorExit) as exc:
+            _abandon_when_started(start, self._open_timeout)
+            raise _cancelled(exc) from None
         except AdapterError as exc:
             raise ProviderError(_KIND.get(exc.kind, "failed"), f"codex turn not started: {exc}") from exc
         except BusError as exc:
@@ -333,7 +418,7 @@ class CodexProvider:
         produced = False
         try:
             while True:
-                event = self._wait(turn.next_event_future(timeout=self._event_timeout), io)
+                event = yield AwaitFuture(turn.next_event_future(timeout=self._event_timeout))
                 match event:
                     case TextDelta(text=delta):
                         produced = True
@@ -342,14 +427,15 @@ class CodexProvider:
                             io.emit(ProviderTextDelta(delta))
                     case ToolCallEvent(call=call):
                         produced = True
-                        self._call(turn, call, io)
+                        yield from self._call(turn, call, io)
                         text.clear()  # the answer is what follows the last tool call
                         io.emit(Submitted(model_context(request, continued=True)))
                     case Done():
-                        return ProviderOutcome("".join(text), self._usage(turn, io))
+                        usage = yield from self._usage(turn, io)
+                        return ProviderOutcome("".join(text), usage)
                     case ErrorEvent() as failed:
                         error = failed.error
-                        self._usage(turn, io)  # what the finished requests cost goes on the receipt too
+                        yield from self._usage(turn, io)  # what the finished requests cost: on the receipt
                         raise ProviderError(
                             _KIND.get(error.kind, "failed"), f"codex turn failed: {error}", started=produced
                         ) from error
@@ -357,23 +443,26 @@ class CodexProvider:
                         raise ProviderError("failed", "codex turn ended without a terminal event")
                     case other:
                         raise ProviderError("failed", f"unexpected codex event {type(other).__name__}")
-        except _Cancelled:
-            turn.abandon(timeout=self._open_timeout)
+        except TurnCancelled:
+            _abandon(turn, self._open_timeout)  # not waited for: a cancelled turn takes no more steps
             raise ProviderError("cancelled", "turn cancelled", started=produced) from None
+        except GeneratorExit:
+            _abandon(turn, self._open_timeout)
+            raise
         except AdapterError as exc:
-            turn.abandon(timeout=self._open_timeout)
+            yield from self._settle(_abandon(turn, self._open_timeout))
             raise ProviderError(_KIND.get(exc.kind, "failed"), str(exc), started=produced) from exc
         except BusError as exc:  # the adapter's deadline ran out (Expired) or its actor went away
-            turn.abandon(timeout=self._open_timeout)
+            yield from self._settle(_abandon(turn, self._open_timeout))
             raise ProviderError("unavailable", f"codex adapter: {exc!r}", started=produced) from exc
         except BaseException:
-            turn.abandon(timeout=self._open_timeout)
+            yield from self._settle(_abandon(turn, self._open_timeout))
             raise
 
-    def _usage(self, turn: Turn, io: TurnIO) -> TokenUsage | None:
+    def _usage(self, turn: Turn, io: TurnIO) -> Generator[Wait, Any, TokenUsage | None]:
         """The turn's usage as codex reported it (the sum over its model requests), emitted once."""
         try:
-            usage = turn.usage(timeout=self._open_timeout)
+            usage: TokenUsage | None = yield AwaitFuture(turn.usage_future(timeout=self._open_timeout))
         except BusError as exc:  # the numbers are lost, not the turn: the receipt then has none
             log.warning("codex usage of turn %s unreadable: %r", turn.turn_id, exc)
             return None
@@ -381,23 +470,11 @@ class CodexProvider:
             io.emit(UsageUpdate(usage))
         return usage
 
-    def _call(self, turn: Turn, call: CodexToolCall, io: TurnIO) -> None:
+    def _call(self, turn: Turn, call: CodexToolCall, io: TurnIO) -> Generator[Wait, Any, None]:
+        """Surface the tool call, wait for its result, and answer it on the same codex turn."""
         io.emit(ToolCallRequested(NativeToolCall(call.call_id, call.name, json.dumps(call.arguments))))
-        try:
-            result = io.wait_result(call.call_id)
-        except TurnCancelled:
-            raise _Cancelled() from None
-        self._wait(turn.respond_future(call.call_id, result, timeout=self._open_timeout), io)
-
-    @staticmethod
-    def _wait(future: concurrent.futures.Future[Any], io: TurnIO) -> Any:
-        """The future's result; ``_Cancelled`` once the turn is cancelled (the caller abandons the turn)."""
-        while True:
-            try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                if io.cancelled.is_set():
-                    raise _Cancelled() from None
+        result = yield AwaitResult(call.call_id)
+        yield AwaitFuture(turn.respond_future(call.call_id, result, timeout=self._open_timeout))
 
 
 __all__ = ["CodexProvider", "instructions_of", "render_input"]
