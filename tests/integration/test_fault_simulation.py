@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 # 120 seeds: about 17 of each of the 7 fault kinds, and the suite stays inside its 10 minutes on a set-up
 # 2-core machine (200 took 2.4 min of worker time). `scripts/faultsim --seeds N` runs any number more.
 SEEDS = 120
-CHUNK = 20  # seeds per test, so two workers share the run
+CHUNK = 20  # seeds per test, so the workers share the run
 
 
 def test_without_a_fault_every_turn_runs_its_tools_once(tmp_path: Path) -> None:
