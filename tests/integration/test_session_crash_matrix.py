@@ -44,7 +44,12 @@ MID_STREAM_TIMEOUT = 12.0
 
 class Topology:
     def __init__(
-        self, base: Path, spawn_peer: Callable[..., PeerProcess], make_node: Callable[..., Node]
+        self,
+        base: Path,
+        spawn_peer: Callable[..., PeerProcess],
+        make_node: Callable[..., Node],
+        *,
+        gate_resume: bool = False,
     ) -> None:
         self.base = base
         self.spawn_peer = spawn_peer
@@ -54,14 +59,14 @@ class Topology:
         self.endpoints = {name: f"ipc://{base}/{name}.sock" for name in ("brain", "app", "loop")}
         self.procs: dict[str, PeerProcess] = {}
         for name in ("brain", "app", "loop"):
-            self.start(name)
+            self.start(name, gate_resume=gate_resume)
         self.client = make_node(
             "client", registry=registry(), peers=[Peer(n, e) for n, e in self.endpoints.items()]
         )
         for peer in self.client.peers().values():
             self.client.connect(peer, wait=20)
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *, gate_resume: bool = False) -> None:
         bind = ("--name", name, "--bind", self.endpoints[name])
         if name == "brain":
             args = (*bind, "--role", "router", "--data-dir", str(self.base / "data"))
@@ -69,6 +74,8 @@ class Topology:
         elif name == "app":
             args = (*bind, "--app", "two-tools", "--effects", str(self.base / "effects.sqlite3"))
             args = (*args, "--effect-log", str(self.log), "--gate", str(self.gate))
+            if gate_resume:  # its first resume on slow's result waits for the gate again
+                args = (*args, "--gate-resume")
             self.procs[name] = self.spawn_peer(*args, script=PEERS / "host_peer.py")
         else:
             peers = [f"--peer={n}={self.endpoints[n]}" for n in ("brain", "app")]
@@ -137,7 +144,9 @@ def test_a_run_killed_anywhere_reruns_with_no_effect_twice_and_one_receipt_per_t
     spawn_peer: Callable[..., PeerProcess],
     make_node: Callable[..., Node],
 ) -> None:
-    top = Topology(ipc_dir, spawn_peer, make_node)
+    # "after_result": the host holds its resume decision on the result at the gate, so the kill lands after
+    # the result and before the run can go on (not after the rest of the run, which takes milliseconds).
+    top = Topology(ipc_dir, spawn_peer, make_node, gate_resume=point == "after_result")
     app = top.procs["app"]
     top.script(MID_STREAM if point == "mid_stream" else ROUND)
     request = SessionRunRequest(
@@ -158,8 +167,8 @@ def test_a_run_killed_anywhere_reruns_with_no_effect_twice_and_one_receipt_per_t
         top.open_gate()
         app.expect_line("CALL prepare_provider_resume slow done")
     top.procs[victim].kill()  # SIGKILL by PID
-    if point == "during_tool" and victim != "app":
-        top.open_gate()  # the tool finishes on its host while the run is gone
+    if point != "mid_stream" and victim != "app":
+        top.open_gate()  # the tool (during_tool) or the resume (after_result) finishes while the run is gone
     runner.join(RUN_TIMEOUT + 10)
     assert not runner.is_alive(), "the first run never ended"
     assert isinstance(outcome[0], BusError), outcome  # the run was cut off: a typed error, no answer

@@ -85,14 +85,40 @@ class CalculatorApp:
 class TwoToolsApp(CalculatorApp):
     """Two tools per round: ``fast`` answers at once; ``slow`` never finishes when ``hang`` is set (the
     process is then killed mid-tool). Each time a tool really runs it appends its name to ``effect_log``
-    (when given), then prints ``EXECUTE <tool>``."""
+    (when given), then prints ``EXECUTE <tool>``. With ``gate_resume``, the first resume decision on the
+    slow tool's result is answered only once ``gate`` is written to again (a test kills a process there:
+    just after the result, before the run can go on)."""
 
-    def __init__(self, hang: bool, effect_log: Path | None = None, gate: Path | None = None) -> None:
+    def __init__(
+        self, hang: bool, effect_log: Path | None = None, gate: Path | None = None, gate_resume: bool = False
+    ) -> None:
         super().__init__()
         self.hang = hang
         self.effect_log = effect_log
         self.gate = gate
+        self.gate_resume = gate_resume
         self.pending: list[concurrent.futures.Future[Any]] = []
+
+    def _after_gate(self, value: Any) -> concurrent.futures.Future[Any]:
+        """``value``, once the test opens the FIFO ``gate`` for writing (the host's thread is not held)."""
+        gated: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        gate = self.gate
+        assert gate is not None
+
+        def wait() -> None:
+            with gate.open() as f:
+                f.read()
+            gated.set_result(value)
+
+        threading.Thread(target=wait, daemon=True).start()
+        return gated
+
+    def prepare_provider_resume(self, outcome: SessionToolOutcome) -> Any:
+        decided = super().prepare_provider_resume(outcome)
+        if self.gate_resume and outcome.text == "slow done":
+            self.gate_resume = False
+            return self._after_gate(decided)
+        return decided
 
     def execute_tool(self, call: Any, provider_operation_id: uuid.UUID) -> Any:
         name = call.name if isinstance(call, ToolCall) else "invalid"
@@ -106,17 +132,8 @@ class TwoToolsApp(CalculatorApp):
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             self.pending.append(future)  # never resolved: the effect is still running when we die
             return future
-        if name == "slow" and self.gate is not None:
-            gated: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            gate = self.gate
-
-            def wait() -> None:  # the test opens the FIFO for writing when the tool may finish
-                with gate.open() as f:
-                    f.read()
-                gated.set_result(SessionToolOutcome.success(f"{name} done"))
-
-            threading.Thread(target=wait, daemon=True).start()
-            return gated
+        if name == "slow" and self.gate is not None:  # it finishes when the test writes to the FIFO
+            return self._after_gate(SessionToolOutcome.success(f"{name} done"))
         return SessionToolOutcome.success(f"{name} done")
 
 
@@ -130,6 +147,11 @@ def main() -> int:
     ap.add_argument("--effects", help="the effect store (SQLite file): tool outcomes by idempotency key")
     ap.add_argument("--effect-log", help="two-tools: append-only file, one line per real tool run")
     ap.add_argument("--gate", help="two-tools: the slow tool finishes once this FIFO is written to")
+    ap.add_argument(
+        "--gate-resume",
+        action="store_true",
+        help="two-tools: the first resume on slow's result waits for --gate too",
+    )
     ap.add_argument("--secret-key-file", help="this node's CURVE secret key (tcp)")
     ap.add_argument("--allow", action="append", default=[], help="NODE=Z85KEY allowed to connect")
     ap.add_argument("--router-script", help="also run a Router here, its scripted provider's script (JSON)")
@@ -142,7 +164,7 @@ def main() -> int:
     app = (
         CalculatorApp()
         if args.app == "calculator"
-        else TwoToolsApp(args.hang, log, Path(args.gate) if args.gate else None)
+        else TwoToolsApp(args.hang, log, Path(args.gate) if args.gate else None, args.gate_resume)
     )
     node.spawn(HostActor, "host", host=app, effects=args.effects)
     if args.router_script:
