@@ -286,9 +286,9 @@ class RouterActor(BusActor):
         # one step of a provider produces goes to its reader together (a tool round's input and its next
         # call in one reply), not as one message per event.
         self._held: dict[uuid.UUID, Turn] | None = None
-        # Reading-on RespondCalls of inline turns whose partial Ok waits for the turn's next step: the first
-        # event it hands that reader says the respond was taken (one message fewer a tool round); a step
-        # that hands none sends the Ok when it ends (``_ack_owed``).
+        # Inline turns whose reader (``Turn.stream``, a reading-on RespondCall) is owed the partial Ok that
+        # says the result was taken: the first event the turn's next step hands it says so instead (one
+        # message fewer a tool round); a step that hands none sends the Ok when it ends (``_ack_owed``).
         self._owed: dict[uuid.UUID, Turn] = {}
         # Cancellation lineage: parent operation -> child turn operations, and back. A turn that left
         # memory stays here only while some of its own children are still in memory.
@@ -910,8 +910,7 @@ class RouterActor(BusActor):
             until = turn.stream_until
             while turn.events and not isinstance(turn.events[0], until) and len(batch) < _BATCH:
                 batch.append(turn.events.popleft())
-            if turn.ack is not None:  # the first event a reading-on respond's reader gets says it was taken
-                turn.ack = None
+            if self._owed:  # the first event a reading-on respond's reader gets says it was taken
                 self._owed.pop(turn.operation_id, None)
             if batch and until is DECISION_EVENTS and turn.events and isinstance(turn.events[0], until):
                 # The decision is here too: it ends the read, and what precedes it comes along in the final
@@ -992,7 +991,6 @@ class RouterActor(BusActor):
         if self.node.effect(self.address, b"ack", lambda: b"\x01" if steps else b""):
             # Its next events come from a step already in the mailbox: the first of them, or the step's
             # end, says the result was taken (a failure is preceded by the Ok: see _ack).
-            turn.ack = ctx
             self._owed[turn.operation_id] = turn
         else:
             ctx.partial(Ok())
@@ -1000,11 +998,10 @@ class RouterActor(BusActor):
         return DEFER
 
     def _ack(self, turn: Turn) -> None:
-        """Send the partial Ok a reading-on RespondCall still owes, before anything but an event goes to
-        it (its error, or a later event of a read that goes on)."""
-        ctx, turn.ack = turn.ack, None
-        self._owed.pop(turn.operation_id, None)
-        if ctx is not None and not ctx.done:
+        """Send the partial Ok ``turn``'s reader may still be owed, before anything but an event goes to it
+        (its error, or the end of the read)."""
+        ctx = turn.stream
+        if self._owed.pop(turn.operation_id, None) is not None and ctx is not None and not ctx.done:
             ctx.partial(Ok())
 
     def _ack_owed(self) -> None:

@@ -219,8 +219,6 @@ class Turn:
     waiting: list[Context] = field(default_factory=list)  # deferred NextTurnEvent requests
     stream: Context | None = None  # a StreamTurnEvents request (or a reading-on RespondCall) fed partials
     stream_until: tuple[type, ...] = ()  # the events that end ``stream``: its final reply
-    # A reading-on RespondCall (``stream``) whose partial Ok is not sent yet: its first event says it.
-    ack: Context | None = None
     surfaced: set[str] = field(default_factory=set)  # call ids surfaced and not yet answered
     answered: set[str] = field(default_factory=set)
     usage: TokenUsage | None = None
