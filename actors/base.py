@@ -37,7 +37,6 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 import pykka
@@ -50,11 +49,12 @@ from transport.inbox import SocketInbox
 from transport.messages import ErrorReply, Ok, Ping, Pong
 from transport.node import BARRIER, Node
 from transport.pending import Reply, current_actor, mark_actor_thread
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ReplyArrived:
     """A reply (or terminal error) to a request this actor sent, delivered through its own mailbox."""
 
@@ -62,7 +62,7 @@ class ReplyArrived:
     reply: Reply
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _FutureDone:
     """A future an ``answer_when_done`` handler returned has resolved (posted by its done-callback)."""
 
@@ -71,7 +71,7 @@ class _FutureDone:
     then: Callable[[Any, BaseException | None], None] | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Expire:
     """A deferred request's deadline passed (posted by the node's timer): forget it."""
 
@@ -764,7 +764,7 @@ PLACE_TIMEOUT = 30.0  # seconds a placement waits for its host (it only construc
 _on_host = threading.local()  # ``.actor``: the HostingActor whose thread this is
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Place:
     """Host ``actor_class(node, address, *args, **kwargs)`` at ``node/name`` (a HostingActor's message)."""
 

@@ -30,7 +30,6 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -39,6 +38,7 @@ from actors.errors import Broken
 from actors.types import ToolCall, ToolCallError
 from transport.errors import BusError
 from transport.messages import ErrorReply, Ok
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class EffectStoreError(Broken):
 EFFECT_ERRORS: tuple[type[BusError], ...] = (EffectStoreError,)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class EffectRecord:
     """One key's row: its intent, and its outcome once settled (``tag`` is the outcome's message tag)."""
 
@@ -111,21 +111,21 @@ class EffectRecord:
         return self.tag is not None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Run:
     """The intent is durable: run the effect now. ``rerun``: an earlier run's outcome is unknown."""
 
     rerun: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Done:
     """The key has an outcome: answer it, do not run the effect."""
 
     record: EffectRecord
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Unknown:
     """The key has an intent and no outcome, and may not run again: its outcome is unknown."""
 

@@ -16,7 +16,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+
+from transport.records import frozen
 
 __all__ = ["Finished", "kill_group", "run_bounded"]
 
@@ -27,7 +28,7 @@ _REAP_WAIT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Finished:
     """What a bounded child did. ``returncode`` is None when it was killed (``timed_out`` or ``cancelled``).
     ``stdout``/``stderr`` hold at most the limit's bytes; ``*_size`` is what the child wrote in all."""

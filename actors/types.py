@@ -10,12 +10,13 @@ import dataclasses
 import enum
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar, Literal, TypeVar
 
 from actors.errors import KbusError
 from transport.codec import JsonValue
 from transport.errors import BusError, NotDelivered, Unavailable
+from transport.records import frozen, setters
 
 CALL_KTOOL = "call_ktool"  # the one native tool every provider path declares (RT-04)
 
@@ -41,11 +42,16 @@ def _evolver(cls: type[Any]) -> Callable[..., Any]:
     names = [f.name for f in fields if f.init]
     params = "".join(f", {name}=_unchanged_" for name in names)
     values = [f"_obj_.{name} if {name} is _unchanged_ else {name}" for name in names]
+    slot_setters = None
     if hasattr(cls, "__post_init__") or len(names) != len(fields):
         body = ["    return _cls_(" + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)) + ")"]
     else:
+        slot_setters = setters(cls)  # each slot's own setter, no look-up by name (transport/records.py)
         body = ["    _new_ = _make_(_cls_)"]
-        body += [f"    _set_(_new_, {name!r}, {value})" for name, value in zip(names, values, strict=True)]
+        for i, (name, value) in enumerate(zip(names, values, strict=True)):
+            body.append(
+                f"    _set{i}_(_new_, {value})" if slot_setters else f"    _set_(_new_, {name!r}, {value})"
+            )
         body.append("    return _new_")
     source = "\n".join([f"def evolve(_obj_, /, *{params}):", *body])
     scope: dict[str, Any] = {
@@ -54,6 +60,8 @@ def _evolver(cls: type[Any]) -> Callable[..., Any]:
         "_make_": object.__new__,
         "_set_": object.__setattr__,
     }
+    if slot_setters:
+        scope.update((f"_set{i}_", setter) for i, setter in enumerate(slot_setters))
     exec(source, scope)  # the source is made of the class's own field names only
     return scope["evolve"]  # type: ignore[no-any-return]
 
@@ -67,7 +75,7 @@ class AgentProvider(enum.StrEnum):
     OTHER = "other"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TokenUsage:
     """Cumulative usage of one provider turn (non-decreasing across updates)."""
 
@@ -79,7 +87,7 @@ class TokenUsage:
     total_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ResolvedAgentModel:
     """The exact model a name resolved to, as the Router's catalog says (RT-03)."""
 
@@ -93,7 +101,7 @@ class ResolvedAgentModel:
     reasoning_efforts: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AgentContinuation:
     """Opaque native continuation: only the Router interprets ``token``."""
 
@@ -106,7 +114,7 @@ class AgentContinuation:
 ReceiptStatus = Literal["completed", "interrupted", "failed", "cancelled", "timed_out", "unavailable"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class UsageReceipt:
     """The canonical accounting record of one provider turn; exactly one per turn, on every path."""
 
@@ -128,7 +136,7 @@ class UsageReceipt:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ContextItem:
     TAG: ClassVar[str] = "agent.context_item"
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -136,7 +144,7 @@ class ContextItem:
     call_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ModelContext:
     """What was actually submitted to the provider for one request (normalized)."""
 
@@ -149,7 +157,7 @@ class ModelContext:
     continued: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolResult:
     TAG: ClassVar[str] = "agent.tool_result"
     success: bool
@@ -169,7 +177,7 @@ class ToolCallErrorKind(enum.StrEnum):
 TOOL_CALL_ERROR_MAX = 256
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolCallError:
     """A bounded classification of an invalid native tool call (RT-06): a value, not an exception."""
 
@@ -185,7 +193,7 @@ class ToolCallError:
         return f"invalid tool call ({self.kind}): {self.detail}"[:TOOL_CALL_ERROR_MAX]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class OfferedTool:
     """One application tool a turn offers the model through ``call_ktool``: its name, description and
     JSON-schema parameters, as structured data (``PreparedRound.tools``, ``StartTurn.tools``). A provider
@@ -197,7 +205,7 @@ class OfferedTool:
     parameters: dict[str, JsonValue] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolCall:
     """A strictly parsed ``call_ktool`` call: the application tool's name and its JSON-object arguments."""
 

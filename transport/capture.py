@@ -8,12 +8,13 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Final, Literal, TypeGuard, get_args
 
 import msgpack
+
+from transport.records import frozen
 
 FORMAT: Final = "kbus-buslog"
 VERSION: Final = 1
@@ -52,7 +53,7 @@ class CaptureError(Exception):
     """
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LogHeader:
     """The first object of every buslog; its packed bytes seed the hash chain."""
 
@@ -64,7 +65,7 @@ class LogHeader:
     seed: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Record:
     """One captured event.
 
@@ -80,7 +81,7 @@ class Record:
     hash: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TornTail:
     """``size`` bytes from ``offset`` to the end of the file that are not a whole record.
 
@@ -92,7 +93,7 @@ class TornTail:
     after_record: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CaptureLog:
     """A whole buslog in memory: every whole record in file order, and the torn tail if any."""
 
@@ -102,7 +103,7 @@ class CaptureLog:
     torn: TornTail | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class VerifyReport:
     """The outcome of ``verify``.
 

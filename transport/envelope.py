@@ -10,8 +10,9 @@ import functools
 import itertools
 import os
 import re
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
+
+from transport.records import frozen
 
 FORMAT_VERSION = 1
 
@@ -42,7 +43,7 @@ class IdSource:
 new_id = IdSource()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Address:
     """``node/actor[/instance]``; ``actor`` (with its instance) is the key a node looks actors up by."""
 

@@ -6,8 +6,10 @@ theirs the same way and pass an explicit tuple to ``transport.codec.Registry``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Any, ClassVar, TypeAlias
+
+from transport.records import frozen
 
 # A JSON-like value (tool arguments, provider payloads). On the wire it may also hold bytes, UUIDs and
 # registered messages; nesting is bounded by the codec's MAX_DEPTH. Defined here, below the codec, so that
@@ -16,7 +18,7 @@ from typing import Annotated, Any, ClassVar, TypeAlias
 JsonValue: TypeAlias = Annotated[Any, "kbus.json"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Ping:
     """Application heartbeat: answered by the actor's own thread, so it proves the mailbox is moving."""
 
@@ -24,21 +26,21 @@ class Ping:
     nonce: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Pong:
     TAG: ClassVar[str] = "sys.pong"
     nonce: int = 0
     actor: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Ok:
     """The reply to a request whose handler returned nothing: every request ends in one terminal reply."""
 
     TAG: ClassVar[str] = "sys.ok"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Hello:
     """Sent by a node on each outbound connection so the peer can route messages back over it."""
 
@@ -46,7 +48,7 @@ class Hello:
     node: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Resolve:
     """Directory query to ``<node>/node``: where does ``actor`` take traffic on its own socket?"""
 
@@ -54,21 +56,21 @@ class Resolve:
     actor: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Resolved:
     TAG: ClassVar[str] = "sys.resolved"
     actor: str
     endpoints: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StatsQuery:
     """Ask ``<node>/node`` for its counters (``kbus stats``); answered with ``sys.node_stats``."""
 
     TAG: ClassVar[str] = "sys.stats"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ActorStats:
     """One actor's counters: bus messages handled, those answered with an error, items in its mailbox."""
 
@@ -79,7 +81,7 @@ class ActorStats:
     mailbox: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class NodeStats:
     """A node's counters by name (drops by reason: ``malformed``, ``spoofed``, ``misrouted``, ...) and
     each actor's own."""
@@ -90,7 +92,7 @@ class NodeStats:
     actors: tuple[ActorStats, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ErrorReply:
     """A typed error on the wire: ``error`` is the class's wire name, rebuilt by ``ErrorRegistry``."""
 
@@ -112,7 +114,7 @@ ECHO_MAX_STREAM_BYTES = 16 << 20  # EchoStream.count * len(EchoStream.payload): 
 ECHO_MAX_HELD = 1024  # Hold: requests one echo actor holds at once (each until its deadline)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Echo:
     """Sent back unchanged by the built-in echo actor (ping and benchmarks)."""
 
@@ -123,7 +125,7 @@ class Echo:
     data: JsonValue = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EchoStream:
     """Ask the echo actor for ``count`` partial replies followed by one final reply.
 
@@ -135,7 +137,7 @@ class EchoStream:
     payload: bytes = b""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Fail:
     """Ask the echo actor to raise: a ``BusError`` of ``error`` (a wire name) or, if empty, a plain bug."""
 
@@ -144,7 +146,7 @@ class Fail:
     message: str = "failure requested"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Hold:
     """Ask the echo actor to accept a request and never answer it (deadline and peer-death tests).
 

@@ -19,6 +19,7 @@ from typing import Any
 from transport.envelope import Header
 from transport.errors import BusError, Expired
 from transport.logs import LogLimiter
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def forbid_blocking(what: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Reply:
     """One reply (partial or final) or a terminal error, as seen by whoever waits."""
 

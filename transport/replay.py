@@ -30,7 +30,6 @@ import struct
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from transport.capture import CaptureLog, Record, read_log
@@ -38,6 +37,7 @@ from transport.codec import Registry, decode_header, encode_header
 from transport.envelope import Header, Inbound, Route, new_id, node_of
 from transport.node import BARRIER, Node
 from transport.pending import PendingRequest, current_actor
+from transport.records import frozen
 
 IGNORED_HEADER_FIELDS = frozenset(("ts", "deadline", "seq", "auth"))
 
@@ -91,7 +91,7 @@ def record_mailbox(node: Node, actor: str, payload: bytes) -> None:
         node.record("effect", actor, [MAILBOX, payload])
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ReplayedMailbox:
     """A recorded mailbox message, told to the replayed actor where the log has it; the actor decodes it."""
 
@@ -109,7 +109,7 @@ class ReplayDivergence(AssertionError):
         self.diff = diff
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ReplayResult:
     actor: str
     delivered: int
@@ -368,7 +368,7 @@ _MISSING = type("_Missing", (), {"__repr__": lambda self: "<missing>"})()
 RUN_HEADER_FIELDS = IGNORED_HEADER_FIELDS | {"id", "corr"}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LogDivergence:
     """The first place two logs of one scenario differ: ``index`` is the record ``n`` in the first log (None:
     past its end), ``actor`` the actor whose sends differ, ``what`` a sentence and ``diff`` the fields."""

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import zmq
@@ -25,6 +25,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from transport.envelope import is_node_name
 from transport.errors import ProtocolError
 from transport.logs import LogLimiter
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class SecurityError(Exception):
     """A security setting that must stop the node from binding or connecting (fail closed)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class KeyPair:
     """A CURVE key pair in Z85 text."""
 
@@ -91,7 +92,7 @@ def create_keys(directory: str | os.PathLike[str], name: str) -> tuple[Path, Pat
     return Path(pub), Path(sec)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Security:
     """How a node protects tcp: CURVE with an allowlist (default) or, for benchmarks only, nothing.
 

@@ -12,7 +12,6 @@ import logging
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from transport.codec import BATCH_TAG, Registry, decode_header, encode_batch_bod
 from transport.envelope import Header, node_of
 from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import ErrorReply
+from transport.records import frozen
 from transport.security import Security, SecurityError, configure_client, configure_server
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ _MONITOR_EVENTS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SocketOptions:
     max_message_bytes: int
     sndhwm: int = 1000
@@ -97,7 +97,7 @@ class SocketOptions:
     heartbeat_timeout_ms: int = 5000
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Peer:
     """A node this node connects to: its name, endpoint and (for CURVE) server public key."""
 

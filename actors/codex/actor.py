@@ -70,6 +70,7 @@ from actors.types import TokenUsage
 from transport.errors import LimitExceeded, ProtocolError
 from transport.messages import Ok
 from transport.node import Node
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class _Turn:
         return self.state in ("starting", "active")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _ReapDue:
     """Local only: REAP_TIMEOUT passed since the close; a child still running is killed."""
 

@@ -17,12 +17,12 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any
 
 from actors.codex.homes import make_home, sweep_once
 from actors.codex.messages import ChildOutput
 from actors.codex.types import AdapterConfig
+from transport.records import frozen
 
 MAX_LINE = 512 * 1024  # a longer stdout line is a protocol error (it could not travel as one message)
 REAP_TIMEOUT = 3.0
@@ -41,7 +41,7 @@ HERMETIC_ARGS = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LaunchOptions:
     """How the child is launched, beyond the seed's ``AdapterConfig``.
 

@@ -17,41 +17,41 @@ message) rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from actors.codex.types import AdapterError, ErrorKind
+from transport.records import frozen
 
 # --------------------------------------------------------------------------------------------- states
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Spawning:
     """The child was started and ``initialize`` sent; ``waiters`` are the AwaitOpen requests (contexts)."""
 
     waiters: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ready:
     """The handshake is done (AD-04): turns may start."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Broken:
     """The child is unusable and was killed; its exit has not arrived yet (AD-18)."""
 
     failure: AdapterError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Exited:
     """The child's exit arrived (or it never started) while handles are still held."""
 
     failure: AdapterError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Closing:
     """No handle and no unfinished turn is left (AD-17): stdin is closed, the exit is awaited.
     ``answers`` are (context, reply) pairs sent once the child is reaped; ``failure``, if the child broke
@@ -61,7 +61,7 @@ class Closing:
     failure: AdapterError | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Closed:
     """Reaped; the actor is stopping."""
 
@@ -71,38 +71,38 @@ State: TypeAlias = Spawning | Ready | Broken | Exited | Closing | Closed
 # --------------------------------------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Opened:
     """``initialize`` was answered with a result."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Unusable:
     """The child cannot be used (an ``initialize`` error, garbage during the handshake, a stuck stdin)."""
 
     error: AdapterError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ChildExited:
     """The child's exit was delivered; ``error`` is what its turns end with if nothing failed before."""
 
     error: AdapterError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Unheld:
     """The last handle was released and no turn holds the child; ``answer`` is sent once it is reaped."""
 
     answer: tuple[Any, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ReapDue:
     """REAP_TIMEOUT passed since stdin was closed."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Stopped:
     """The actor stops (node stop, or a bug)."""
 
@@ -112,12 +112,12 @@ LifeEvent: TypeAlias = Opened | Unusable | ChildExited | Unheld | ReapDue | Stop
 # -------------------------------------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SendInitialized:
     """Write the ``initialized`` notification."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AnswerOpen:
     """Answer the AwaitOpen ``waiters``: ``Ok`` if ``error`` is None, else that error."""
 
@@ -125,12 +125,12 @@ class AnswerOpen:
     error: AdapterError | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Kill:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Abort:
     """Forget every JSON-RPC continuation and end every turn in flight with ``error``. Always the last
     action of its row: ending a turn may step the machine again."""
@@ -138,22 +138,22 @@ class Abort:
     error: AdapterError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CloseStdin:
     """Close the child's stdin (its clean shutdown) and start the reap timer."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Reap:
     """Wait for the child (bounded), kill it if it lingers, join its threads, remove its home."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Answer:
     answers: tuple[tuple[Any, Any], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StopActor:
     pass
 

@@ -9,7 +9,6 @@ records keyed by the written bytes, so a replay compares those too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from actors.codex.types import CODEX_TYPE_ERRORS, CODEX_TYPES
@@ -17,21 +16,22 @@ from actors.types import AGENT_TYPES, TokenUsage, ToolResult
 from transport.codec import Registry
 from transport.errors import ErrorRegistry
 from transport.messages import SYSTEM_MESSAGES
+from transport.records import frozen
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AwaitOpen:
     """Answered with ``Ok`` once the child finished the handshake, or with the ``AdapterError``."""
 
     TAG: ClassVar[str] = "codex.await_open"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Retain:
     TAG: ClassVar[str] = "codex.retain"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Retained:
     """The answer to ``Retain``: the new handle's token, which only its holder can ``Release``."""
 
@@ -39,7 +39,7 @@ class Retained:
     handle: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Release:
     """Give back the handle ``handle`` (a token ``Retain`` or ``Adapter.open`` gave out); any other token is
     refused, so a peer cannot close a child it holds no handle on."""
@@ -48,20 +48,20 @@ class Release:
     handle: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StartTurn:
     TAG: ClassVar[str] = "codex.start_turn"
     conversation_key: str
     input: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnStarted:
     TAG: ClassVar[str] = "codex.turn_started"
     turn_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class NextEvent:
     """Answered with one event, or ``Ok`` once the terminal event was delivered (TU-02)."""
 
@@ -69,7 +69,7 @@ class NextEvent:
     turn_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Respond:
     TAG: ClassVar[str] = "codex.respond"
     turn_id: str
@@ -77,13 +77,13 @@ class Respond:
     result: ToolResult
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Abandon:
     TAG: ClassVar[str] = "codex.abandon"
     turn_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnUsage:
     """Answered with ``TurnUsageReply``: the token usage the app-server reported for the turn so far."""
 
@@ -91,24 +91,24 @@ class TurnUsage:
     turn_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnUsageReply:
     TAG: ClassVar[str] = "codex.turn_usage_reply"
     usage: TokenUsage | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Diagnostics:
     TAG: ClassVar[str] = "codex.diagnostics"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class DiagnosticsReply:
     TAG: ClassVar[str] = "codex.diagnostics_reply"
     stderr: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChildOutput:
     """One stdout line, one stderr chunk, or the child's exit (``code``), from the reader threads; or
     ``stuck``: the writer thread's write to the child's stdin made no progress for the write timeout."""

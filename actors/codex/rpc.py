@@ -9,34 +9,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeAlias
+
+from transport.records import frozen
 
 # A response's continuation: (result, error); error is None on success, else the JSON-RPC error object.
 Then: TypeAlias = Callable[[Any, dict[str, Any] | None], None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Response:
     id: Any
     result: Any
     error: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ServerRequest:
     id: Any
     method: str
     params: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Notification:
     method: str
     params: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Malformed:
     """A line that is no JSON-RPC message; ``why`` names it for the PROTOCOL error (AD-19)."""
 

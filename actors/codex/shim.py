@@ -30,7 +30,6 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pykka
@@ -50,6 +49,7 @@ from actors.codex.types import (
 from actors.types import ToolResult
 from transport.errors import BusError, Expired
 from transport.pending import Reply, forbid_blocking
+from transport.records import frozen
 
 if TYPE_CHECKING:
     from transport.node import Node
@@ -104,17 +104,17 @@ class ToolCallLauncher(Protocol[B_contra]):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ShimText:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ShimBox(Generic[B]):
     box: B
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ShimOutput(Generic[B]):
     items: tuple[ShimText | ShimBox[B], ...]
 
@@ -122,29 +122,29 @@ class ShimOutput(Generic[B]):
 # ------------------------------------------------------------------------------- the shim's local ops
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordBoxes:
     boxes: tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PendingCount:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Infer:
     job_id: int
     input: str
     future: InferFuture
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CancelInfer:
     job_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CloseShim:
     """Stop once no native turn is left running: a start in flight is waited for and its turn abandoned,
     an active turn is abandoned; ``done`` resolves when the actor has stopped."""
@@ -152,7 +152,7 @@ class CloseShim:
     done: concurrent.futures.Future[None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _LaunchSettled:
     """A launcher's future resolved (told by its callback or waiter thread)."""
 
@@ -195,38 +195,38 @@ class _Job:
             self.text = []
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ready:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Starting:
     job: _Job
     boxes_used: int  # how many pending boxes prefix this start's input
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Draining:
     job: _Job
     turn_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Launching:
     job: _Job
     turn_id: str
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Acknowledging:
     job: _Job
     turn_id: str
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Poisoned:
     error: AdapterError
 

@@ -25,6 +25,7 @@ from actors.errors import Broken
 from actors.types import ToolResult
 from transport.codec import JsonValue
 from transport.errors import BusError
+from transport.records import frozen
 
 # SH-01: byte for byte the seed's constant.
 ASYNC_TOOL_ACKNOWLEDGEMENT: Final[str] = (
@@ -79,7 +80,7 @@ class AdapterError(Broken):
         return (type(self), (self.kind, self.message, self.diagnostics))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class DynamicTool:
     """A client-side tool declared on the app-server thread (``dynamicTools``)."""
 
@@ -89,7 +90,7 @@ class DynamicTool:
     input_schema: JsonValue
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AdapterConfig:
     """AD-01. ``executable`` may be given as a ``Path``; it is kept as ``str`` (see the module doc)."""
 
@@ -109,7 +110,7 @@ class AdapterConfig:
             object.__setattr__(self, "tools", tuple(tools))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CodexToolCall:
     """AD-03 / TU-09: the provider's call id, tool name and parsed JSON arguments, exactly as sent."""
 
@@ -119,19 +120,19 @@ class CodexToolCall:
     arguments: JsonValue
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextDelta:
     TAG: ClassVar[str] = "codex.ev.text"
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolCallEvent:
     TAG: ClassVar[str] = "codex.ev.tool_call"
     call: CodexToolCall
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Done:
     TAG: ClassVar[str] = "codex.ev.done"
 

@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -72,6 +71,7 @@ from actors.conversation.types import Message, TodoItem, TodoUpdated
 from transport.errors import Expired, NotDelivered
 from transport.node import Node
 from transport.pending import Reply
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ NOT_MINE = object()
 INTERRUPTED = "the turn was interrupted"  # the reason a wait for a person ended by an interrupt gives
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetPlanMode:
     """A command: turn plan mode on or off (journaled)."""
 
@@ -89,12 +89,12 @@ class SetPlanMode:
     on: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetTodos:
     TAG = "conv.get_todos"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TodoList:
     TAG = "conv.todos"
     todos: tuple[TodoItem, ...]
@@ -102,12 +102,12 @@ class TodoList:
     plan_mode: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetKernel:
     TAG = "conv.get_kernel"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class KernelInfo:
     """CV-08: the kernel that runs this conversation's turns is the conversation actor's ``KernelHost``
     (each turn one ``run_session`` with it as host): its address, its tool host, its model."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from actors.base import BusActor, Context
@@ -34,6 +33,7 @@ from actors.conversation.permissions import PermissionDecision
 from transport.codec import JsonValue
 from transport.errors import ProtocolError
 from transport.node import Node
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class SdkHookForwarder(Protocol):
     ) -> Mapping[str, Any] | concurrent.futures.Future[Mapping[str, Any]]: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HookCallback:
     """One ``hook_callback`` request: ``payload`` given to ``forward`` is ``{request_id, callback_id, input,
     tool_use_id}``."""
@@ -71,13 +71,13 @@ class HookCallback:
     tool_use_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HookOutput:
     TAG: ClassVar[str] = "conv.hook.output"
     response: dict[str, JsonValue]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelHookCallback:
     """``control_cancel_request``: the callback ``request_id`` is no longer awaited."""
 
@@ -85,7 +85,7 @@ class CancelHookCallback:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetSdkHookForwarder:
     """A command: later hook events go to the forwarder actor at ``address`` (None: nowhere)."""
 
@@ -94,12 +94,12 @@ class SetSdkHookForwarder:
     timeout: float = 30.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetHookStats:
     TAG: ClassVar[str] = "conv.hook.get_stats"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HookStats:
     TAG: ClassVar[str] = "conv.hook.stats"
     forwarded: int

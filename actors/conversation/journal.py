@@ -87,6 +87,7 @@ from actors.conversation.types import (
     TurnFinished,
     Wakeup,
 )
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +318,7 @@ def _mend_tail(path: Path) -> None:
         return
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PendingCall:
     """A tool call journaled before it was sent: enough to ask its host again by the same key."""
 
@@ -328,7 +329,7 @@ class PendingCall:
     text: str = ""  # the assistant text streamed before the call
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class InterruptedTurn:
     """A turn that started and has no end record: the process stopped during it.
 
@@ -343,7 +344,7 @@ class InterruptedTurn:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Restored:
     transcript: tuple[Message, ...]
     turn_index: int  # turns started so far (the next turn's index; CV-05)
@@ -355,7 +356,7 @@ class Restored:
     people: PeopleState = field(default_factory=PeopleState)  # permissions, plans, plan mode, todos
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LoopsRestored:
     """The goal, wakeup and job state a session file describes.
 

@@ -6,7 +6,6 @@ arrival order), queries (answered at once, even mid-turn) and controls (applied 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from actors.conversation.shadow import CheckpointInfo, RestoreReport, ShadowSpec, Skipped
@@ -22,17 +21,18 @@ from actors.conversation.types import (
 from actors.errors import Broken, KbusError
 from transport.codec import JsonValue
 from transport.errors import BusError
+from transport.records import frozen
 
 # -------------------------------------------------------------------------------------- commands
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunTurn:
     TAG: ClassVar[str] = "conv.run"
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ContinueTurn:
     """A command: go on with the turn the journal shows interrupted (the process stopped during it, or a
     tool's outcome became unknown). Each call without a result is asked of the tool host again by its
@@ -42,61 +42,61 @@ class ContinueTurn:
     TAG: ClassVar[str] = "conv.continue"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnqueueText:
     TAG: ClassVar[str] = "conv.enqueue"
     text: str
     ticket: str = ""  # the caller's id for it: ``WithdrawEnqueued(ticket)`` takes it back before it runs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnqueueResult:
     TAG: ClassVar[str] = "conv.enqueue_result"
     outcome: RuntimeOutcome | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class MaybeCompact:
     TAG: ClassVar[str] = "conv.maybe_compact"
     usage: ChatTokenUsage
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompactNow:
     TAG: ClassVar[str] = "conv.compact_now"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompactPartialBefore:
     TAG: ClassVar[str] = "conv.compact_before"
     pivot_index: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompactPartialAfter:
     TAG: ClassVar[str] = "conv.compact_after"
     pivot_index: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetTranscript:
     TAG: ClassVar[str] = "conv.set_transcript"
     messages: tuple[Message, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TruncateTranscript:
     TAG: ClassVar[str] = "conv.truncate"
     length: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CloseSession:
     TAG: ClassVar[str] = "conv.close"
     last_outcome: RuntimeOutcome | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetLlm:
     """Use the Router model ``model`` for later turns (deferred to the next command boundary, LLM-02)."""
 
@@ -104,7 +104,7 @@ class SetLlm:
     model: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetEventSink:
     """``rebind_tools`` True: also re-bind the host's sink-holding tools (ES-02); False: ES-03."""
 
@@ -113,13 +113,13 @@ class SetEventSink:
     rebind_tools: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetSessionId:
     TAG: ClassVar[str] = "conv.set_session_id"
     session_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class EnableCheckpoints:
     """``enable_checkpoints`` (applied between commands): bind the tool host's checkpoint tools to
     ``session_id`` on the shadow repository ``shadow``. ``touched_slot``: the ``TouchedFiles.slot_id`` of a
@@ -133,7 +133,7 @@ class EnableCheckpoints:
     restore_tool: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RestoreCheckpoint:
     """Restore the working tree to one of the session's checkpoints; the transcript gets a system message
     that says exactly what was restored, so the model knows from its next turn on."""
@@ -142,7 +142,7 @@ class RestoreCheckpoint:
     checkpoint_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunGoalLoop:
     """``run_goal_loop`` (GL-05): turns until the judge says ``condition`` holds, ``max_turns`` (or the
     optional ``token_budget``) is spent, or the goal is cleared. A runtime resumed from a journal whose goal
@@ -155,7 +155,7 @@ class RunGoalLoop:
     token_budget: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunLoop:
     """``run_loop`` / ``run_event_loop`` (WK, BG): turns while the agent schedules wakeups in slot ``slot``
     (or, with ``jobs``, a job of that manager completes)."""
@@ -166,7 +166,7 @@ class RunLoop:
     jobs: str | None = None  # the job runner actor's address (run_event_loop), None for run_loop
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class LoopResult:
     TAG: ClassVar[str] = "conv.loop_result"
     outcomes: tuple[RuntimeOutcome, ...]
@@ -175,7 +175,7 @@ class LoopResult:
 # -------------------------------------------------------------------------------------- controls
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetGoal:
     TAG: ClassVar[str] = "conv.set_goal"
     condition: str
@@ -183,12 +183,12 @@ class SetGoal:
     token_budget: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ClearGoal:
     TAG: ClassVar[str] = "conv.clear_goal"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RegisterWakeupTool:
     """Give the model ``schedule_wakeup(delay_seconds, prompt=None)``, writing into slot ``slot``; a delay
     outside ``[0, max_delay_s]`` is refused with an error result."""
@@ -198,7 +198,7 @@ class RegisterWakeupTool:
     max_delay_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SlotSchedule:
     TAG: ClassVar[str] = "conv.slot_schedule"
     slot: str
@@ -207,7 +207,7 @@ class SlotSchedule:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SlotTake:
     """Read slot ``slot``; ``clear`` True empties it (``take``), False leaves it (``peek``)."""
 
@@ -216,20 +216,20 @@ class SlotTake:
     clear: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SlotReply:
     TAG: ClassVar[str] = "conv.slot"
     wakeup: Wakeup | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetInterruptToken:
     TAG: ClassVar[str] = "conv.set_token"
     token_id: str
     cancelled: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WithdrawEnqueued:
     """QU-04: the caller cancelled its enqueue future; a message still waiting resolves to None."""
 
@@ -237,7 +237,7 @@ class WithdrawEnqueued:
     ticket: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelToken:
     TAG: ClassVar[str] = "conv.cancel_token"
     token_id: str
@@ -246,35 +246,35 @@ class CancelToken:
 # --------------------------------------------------------------------------------------- queries
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetGoal:
     TAG: ClassVar[str] = "conv.get_goal"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalReply:
     TAG: ClassVar[str] = "conv.goal"
     goal: GoalState | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetTranscript:
     TAG: ClassVar[str] = "conv.get_transcript"
     tail: int | None = None  # None: the whole transcript
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TranscriptReply:
     TAG: ClassVar[str] = "conv.transcript"
     messages: tuple[Message, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetStatus:
     TAG: ClassVar[str] = "conv.get_status"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StatusReply:
     TAG: ClassVar[str] = "conv.status"
     queue_len: int
@@ -292,7 +292,7 @@ class StatusReply:
 # ------------------------------------------------------------------------- background jobs (jobs.py)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RegisterJobTools:
     """A control: give the model ``start_job``, ``job_status`` and ``stop_job`` on the job runner
     ``runner``; jobs run in ``workdir``, for at most ``timeout_s``; their output is kept to its last
@@ -305,7 +305,7 @@ class RegisterJobTools:
     timeout_s: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StartJob:
     """Start a job (idempotent by ``job_id``: a repeat answers the job as it is). ``command``: a shell command
     (``/bin/sh -c``); or ``callable``: the name of a Python callable registered on the runner."""
@@ -320,13 +320,13 @@ class StartJob:
     output_cap: int = 16384
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetJob:
     TAG: ClassVar[str] = "jobs.get"
     job_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AdoptJob:
     """``GetJob`` that also makes ``owner`` the job's owner: a resumed conversation (perhaps at another
     address) claims a job still running, so its ``JobDone`` reaches the owner that is alive."""
@@ -336,13 +336,13 @@ class AdoptJob:
     owner: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StopJob:
     TAG: ClassVar[str] = "jobs.stop"
     job_id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StopJobs:
     """End every job of ``owner`` (its whole process group); answered once they have all ended."""
 
@@ -350,13 +350,13 @@ class StopJobs:
     owner: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CountJobs:
     TAG: ClassVar[str] = "jobs.count"
     owner: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class JobInfo:
     """A job as the runner knows it: ``state`` "running", "finished", "stopped" or "unknown"."""
 
@@ -370,13 +370,13 @@ class JobInfo:
     pgid: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class JobCount:
     TAG: ClassVar[str] = "jobs.count_reply"
     running: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class JobDone:
     """Told by the runner to the job's owner when the job ends."""
 
@@ -387,7 +387,7 @@ class JobDone:
 # --------------------------------------------------------------------------------- the tool host
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ExecuteTool:
     """Run one tool call. ``idempotency_key`` (conversation id, turn, step, call id; never an attempt
     number) is stable across retries and resumes: a host with an effect store runs each key at most once and
@@ -399,25 +399,25 @@ class ExecuteTool:
     idempotency_key: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ListTools:
     TAG: ClassVar[str] = "conv.host.list"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolList:
     TAG: ClassVar[str] = "conv.host.tools"
     specs: tuple[ToolSpec, ...]
     mutating: tuple[str, ...] = ()  # the tools registered mutating (plan mode denies them)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class BindSink:
     TAG: ClassVar[str] = "conv.host.bind_sink"
     address: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class BindCheckpoints:
     """The host registers the session's checkpoint tools (see ``EnableCheckpoints``), or fails having
     registered nothing (CK-05)."""
@@ -430,13 +430,13 @@ class BindCheckpoints:
     restore_tool: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CheckpointsBound:
     TAG: ClassVar[str] = "conv.host.checkpoints_bound"
     tools: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostRestoreCheckpoint:
     TAG: ClassVar[str] = "conv.host.restore_checkpoint"
     checkpoint_id: str

@@ -31,6 +31,7 @@ from actors.conversation.types import PlanProposed, TodoItem
 from transport.errors import ProtocolError
 from transport.node import Node
 from transport.pending import Reply, chained
+from transport.records import frozen
 
 __all__ = [
     "EXIT_PLAN_MODE",
@@ -245,7 +246,7 @@ def plan_result(kind: str, decision: Mapping[str, Any]) -> str:
 # ----------------------------------------------------------------------------------- gate actors
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GatePending:
     """Query a gate (or the conversation): the pending plan's text, or None. ``kind`` is set by the gate."""
 
@@ -253,7 +254,7 @@ class GatePending:
     kind: str = "plan"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GateDecide:
     """Decide the pending plan (or plan-mode request): ``plan_id`` "" means the one pending now. A decision
     with nothing pending, or on a plan decided already, changes nothing (PG-08): ``GateDecided(False)``."""
@@ -265,14 +266,14 @@ class GateDecide:
     plan_id: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GatePlan:
     TAG: ClassVar[str] = "conv.gate.plan"
     plan: str | None
     plan_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GateDecided:
     TAG: ClassVar[str] = "conv.gate.decided"
     decided: bool

@@ -22,13 +22,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from actors.base import BusActor, Context
 from transport.codec import JsonValue
 from transport.errors import ProtocolError
 from transport.node import Node
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ __all__ = [
 Behavior = Literal["allow", "deny", "ask"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PermissionRequest:
     """One tool call waiting for a decision. ``key`` is the call's idempotency key (stable across a
     crash): an ``ask`` is answered by it."""
@@ -65,7 +65,7 @@ class PermissionRequest:
     mutating: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PermissionDecision:
     """``allow`` (with ``updated_input`` merged into the arguments when given), ``deny`` (``reason`` is
     shown to the model) or ``ask`` (a person decides; ``reason`` is shown to them)."""
@@ -128,7 +128,7 @@ def denial_text(reason: str | None) -> str:
 # ------------------------------------------------------------------------------------------ wire
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CheckPermission:
     """To a ``PermissionHookActor``: answer with a ``PermissionDecision``."""
 
@@ -136,7 +136,7 @@ class CheckPermission:
     request: PermissionRequest
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SetPermissionHook:
     """A command (applied between commands, PH-03): later calls ask the hook actor at ``address`` (None:
     no hook), waiting ``timeout`` seconds for it; ``fail_open`` lets a failed hook allow the call."""
@@ -147,7 +147,7 @@ class SetPermissionHook:
     fail_open: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AnswerPermission:
     """A control: a person's decision on the ``ask`` with this key. Answered ``PermissionAnswered``."""
 
@@ -158,7 +158,7 @@ class AnswerPermission:
     updated_input: dict[str, JsonValue] | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PermissionAnswered:
     """``decided`` False: nothing was waiting under that key (or it was decided already): nothing changed."""
 
@@ -166,18 +166,18 @@ class PermissionAnswered:
     decided: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetPendingPermissions:
     TAG: ClassVar[str] = "conv.perm.get_pending"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PendingPermissions:
     TAG: ClassVar[str] = "conv.perm.pending"
     requests: tuple[PermissionRequest, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PermissionAsked:
     """Event: a call waits for a person (``answer_permission(request.key, ...)``)."""
 

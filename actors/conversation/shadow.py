@@ -34,11 +34,11 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final
 
 from actors.subprocesses import run_bounded
+from transport.records import frozen
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -73,7 +73,7 @@ class CheckpointError(Exception):
 # ------------------------------------------------------------------------------------------ records
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Skipped:
     """A path a checkpoint could not hold, and why (``symbolic link``, ``larger than ...``, ...)."""
 
@@ -82,7 +82,7 @@ class Skipped:
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CheckpointInfo:
     """One checkpoint. ``files``: the paths it covered when a touched-file set was given, else the paths
     changed since the session's previous checkpoint (all of them for the first); at most ``MAX_LISTED``
@@ -99,7 +99,7 @@ class CheckpointInfo:
     skipped_total: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RestoreReport:
     """What ``restore`` did: ``written`` (changed or deleted files brought back), ``removed`` (created since
     the checkpoint), ``left_alone`` (paths it did not touch, and why). ``text`` says it for the model."""
@@ -114,7 +114,7 @@ class RestoreReport:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ShadowSpec:
     """Everything a ``ShadowRepo`` is made of: it can cross the bus and be rebuilt in another process."""
 
@@ -125,7 +125,7 @@ class ShadowSpec:
     git_timeout: float = GIT_TIMEOUT
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Scan:
     paths: tuple[str, ...]  # what git may add (existing or deleted); empty with ``whole``
     skipped: tuple[Skipped, ...]

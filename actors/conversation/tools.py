@@ -16,11 +16,11 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, get_args, get_origin, get_type_hints
 
 from actors.types import OfferedTool
 from transport.codec import JsonValue
+from transport.records import frozen
 
 __all__ = [
     "EventSinkLike",
@@ -48,7 +48,7 @@ class ToolRegistryError(ValueError):
     """A function that cannot be a tool (no usable name, unsupported parameter kind)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolSpec:
     """What the model is told about one tool: its name, description and JSON-schema parameters; and
     ``mutating``, the flag it was registered with (the model is not told it: plan mode denies such a tool)."""
@@ -60,7 +60,7 @@ class ToolSpec:
     mutating: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolExecution:
     """One tool call's result: ``ok`` False for an unknown tool, bad arguments or a tool that raised.
 
@@ -75,7 +75,7 @@ class ToolExecution:
     unknown: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Tool:
     spec: ToolSpec
     fn: Callable[..., Any]

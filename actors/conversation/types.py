@@ -7,16 +7,16 @@ told to an event sink) and lands in the session's JSONL file through ``to_json``
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from actors.types import TokenUsage
 from transport.codec import JsonValue
+from transport.records import frozen
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class MessageToolCall:
     """One tool call an assistant message carries: ``arguments`` is the JSON text of the arguments."""
 
@@ -26,7 +26,7 @@ class MessageToolCall:
     arguments: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Message:
     """One transcript message. ``tool_calls`` only on assistant messages; ``tool_call_id``/``is_error`` only
     on tool messages."""
@@ -80,7 +80,7 @@ class Message:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ChatTokenUsage:
     """[S2] ``TokenUsage`` of one conversation turn (A.4)."""
 
@@ -120,7 +120,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RuntimeOutcome:
     """What one turn produced. ``new_messages`` counts the messages appended after the user message;
     ``steps`` the tool calls run in the turn; ``checkpoint_id`` is always None from ``run`` (CV-04)."""
@@ -141,14 +141,14 @@ class RuntimeOutcome:
 # ToolCallFinished. ToolNotice is what a sink-holding tool emits (ES-02/ES-03).
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class MessageAppended:
     TAG: ClassVar[str] = "conv.ev.message_appended"
     message: Message
     index: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnFinished:
     TAG: ClassVar[str] = "conv.ev.turn_finished"
     turn_index: int
@@ -159,7 +159,7 @@ class TurnFinished:
 CompactionTrigger = Literal["tokens", "chars", "manual", "partial_before", "partial_after"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompactionBoundary:
     """Everything persisted before this record was compacted: a reader starts over from here (CP-06)."""
 
@@ -172,7 +172,7 @@ class CompactionBoundary:
     cache_miss_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TextDelta:
     """A piece of the assistant's text as the model generates it (turn ``turn_index``)."""
 
@@ -181,7 +181,7 @@ class TextDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolCallStarted:
     TAG: ClassVar[str] = "conv.ev.tool_call_started"
     turn_index: int
@@ -190,7 +190,7 @@ class ToolCallStarted:
     arguments: str  # JSON text
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolCallFinished:
     TAG: ClassVar[str] = "conv.ev.tool_call_finished"
     turn_index: int
@@ -200,7 +200,7 @@ class ToolCallFinished:
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolNotice:
     """An event a sink-holding tool emits through the sink it was registered with (ES-02)."""
 
@@ -215,7 +215,7 @@ class ToolNotice:
 GoalClearReason = Literal["cleared", "budget_exceeded", "token_budget_exceeded", "cancelled", "impossible"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalState:
     """The active goal (GL-01): ``turns`` counts the goal loop's turns so far; ``tokens_used`` their total
     tokens (checked against ``token_budget`` when one is set)."""
@@ -228,7 +228,7 @@ class GoalState:
     tokens_used: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalVerdict:
     """An evaluator's answer: ``impossible`` True ends the loop with ``GoalCleared(reason="impossible")``."""
 
@@ -238,21 +238,21 @@ class GoalVerdict:
     impossible: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalSet:
     TAG: ClassVar[str] = "conv.ev.goal_set"
     condition: str
     max_turns: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalContinuing:
     TAG: ClassVar[str] = "conv.ev.goal_continuing"
     reason: str
     turns: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalAchieved:
     TAG: ClassVar[str] = "conv.ev.goal_achieved"
     condition: str
@@ -260,13 +260,13 @@ class GoalAchieved:
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GoalCleared:
     TAG: ClassVar[str] = "conv.ev.goal_cleared"
     reason: GoalClearReason
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Wakeup:
     """A wakeup in a ``WakeupSlot``: ``due`` is the absolute time (the injected clock's seconds) it fires."""
 
@@ -277,7 +277,7 @@ class Wakeup:
     due: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WakeupScheduled:
     """A wakeup was put in slot ``slot`` (by the ``schedule_wakeup`` tool or ``WakeupSlot.schedule``)."""
 
@@ -288,7 +288,7 @@ class WakeupScheduled:
     prompt: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WakeupWaiting:
     """A loop sleeps until ``due`` (the injected clock's seconds)."""
 
@@ -297,21 +297,21 @@ class WakeupWaiting:
     due: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WakeupFired:
     TAG: ClassVar[str] = "conv.ev.wakeup_fired"
     slot: str
     due: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class WakeupCancelled:
     TAG: ClassVar[str] = "conv.ev.wakeup_cancelled"
     slot: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CompletedJob:
     """A background job's end (A.4): ``exit_code`` None when its outcome is unknown (its runner died)."""
 
@@ -325,14 +325,14 @@ class CompletedJob:
     lost: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class JobStarted:
     TAG: ClassVar[str] = "conv.ev.job_started"
     job_id: str
     command: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class JobFinished:
     TAG: ClassVar[str] = "conv.ev.job_finished"
     job_id: str
@@ -361,7 +361,7 @@ AgentEvent = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SessionEnd:
     """The hook event ``close`` fires exactly once (CL-01)."""
 
@@ -370,7 +370,7 @@ class SessionEnd:
     last_outcome: RuntimeOutcome | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Compactor:
     """Cross-turn compaction settings; the summary comes from the session's model (a Router turn).
 
@@ -435,7 +435,7 @@ LOOP_EVENTS = (
 # ------------------------------------------------------------------------ people in the loop (issue 13)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TodoItem:
     """One entry of the agent's task list (TD-01..TD-04): ``active_form`` is the text shown while it runs."""
 
@@ -448,7 +448,7 @@ class TodoItem:
         return {"content": self.content, "status": self.status, "active_form": self.active_form}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TodoUpdated:
     """``todo_write`` replaced the list (TD-02); ``version`` counts the lists written by that tool."""
 
@@ -457,7 +457,7 @@ class TodoUpdated:
     version: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PlanProposed:
     """``exit_plan_mode`` proposed ``plan`` (PG-07); ``plan_id`` is the call's idempotency key."""
 

@@ -16,7 +16,6 @@ import itertools
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from actors.base import DEFER, BusActor, Context
@@ -60,6 +59,7 @@ from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Una
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ __all__ = [
 # -------------------------------------------------------------------------------------------- requests
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PreparedRound:
     TAG: ClassVar[str] = "si.prepared_round"
     input: str
@@ -106,7 +106,7 @@ class PreparedRound:
     tools: tuple[OfferedTool, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SessionInferenceRequest:
     TAG: ClassVar[str] = "si.request"
     user_id: str
@@ -121,23 +121,23 @@ class SessionInferenceRequest:
 class SessionInferenceEvent:
     """The normalized events ``next_event`` returns (SI-05); callers ``match`` on the nested classes."""
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ProviderInput:
         TAG: ClassVar[str] = "si.ev.provider_input"
         context: ModelContext
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class UsageUpdated:
         TAG: ClassVar[str] = "si.ev.usage"
         usage: TokenUsage
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ToolCall:
         TAG: ClassVar[str] = "si.ev.tool_call"
         call_id: str
         call: _AgentToolCall | ToolCallError
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Completed:
         TAG: ClassVar[str] = "si.ev.completed"
         answer: str
@@ -156,7 +156,7 @@ Event = (
 DECISIONS = (SessionInferenceEvent.ToolCall, SessionInferenceEvent.Completed)  # what a reader acts on
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class InferenceEvents:
     """The answer to a ``batch`` read that found several events in hand: in order, each a ``ProviderInput``
     or ``UsageUpdated`` but the last, which may be the decision they precede (a tool call, the completion).
@@ -169,21 +169,21 @@ class InferenceEvents:
 # ------------------------------------------------------------------------------- the handle's messages
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class AwaitStarted:
     """Answered with ``InferenceStarted`` once the Router started the turn (or its start error)."""
 
     TAG: ClassVar[str] = "si.await_started"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class InferenceStarted:
     TAG: ClassVar[str] = "si.started"
     operation_id: uuid.UUID
     model: ResolvedAgentModel
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class NextEvent:
     """Answered with one normalized event, or ``Ok`` when the stream closed without completion (SI-09).
 
@@ -195,7 +195,7 @@ class NextEvent:
     batch: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Respond:
     """Answer a surfaced tool call. ``read_on``: the caller asks ``NextEvent`` as soon as this succeeds,
     so the handle may read the Router's next event in the same exchange (``RespondCall.read_on``) and hold
@@ -207,7 +207,7 @@ class Respond:
     read_on: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RespondAndRead:
     """Answer a surfaced tool call, then read: answered with what a ``NextEvent`` asked right after a
     successful respond would get (an event, ``Ok`` for a stream closed without completion, or the read's
@@ -221,12 +221,12 @@ class RespondAndRead:
     batch: bool = False  # the read is a batch read (``NextEvent.batch``)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class FinishUnavailable:
     TAG: ClassVar[str] = "si.finish_unavailable"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Close:
     TAG: ClassVar[str] = "si.close"
 
@@ -338,7 +338,7 @@ def inference_error(error: BaseException) -> BusError:
 Outcome = Event | BusError | None  # what one Router read gives a reader (None: closed, SI-09)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Together:
     """Events that one Router reply brought (a ``TurnEventBatch``), held as one: a batch reader takes them
     together (``NextEvent.batch``), a plain reader one at a time. Only what one reply carried: how many
@@ -351,13 +351,13 @@ def _is_event(outcome: Outcome | _Together) -> bool:
     return outcome is not None and not isinstance(outcome, BusError | _Together)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Starting:
     waiters: tuple[Context, ...] = ()  # AwaitStarted requests
     queued: tuple[tuple[Any, Context], ...] = ()  # other requests, replayed once started
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Active:
     operation_id: uuid.UUID
     model: ResolvedAgentModel
@@ -368,7 +368,7 @@ class Active:
     accountants: tuple[Context, ...] = ()  # FinishUnavailable requests; the first one is in flight
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Terminal:
     why: str
     operation_id: uuid.UUID | None = None

@@ -63,7 +63,6 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +172,7 @@ from actors.types import (
 from transport.errors import Expired, ProtocolError
 from transport.messages import Ok, Ping, Resolve
 from transport.pending import Reply
+from transport.records import frozen
 from transport.replay import (
     MONOTONIC,
     ReplayedMailbox,
@@ -1246,14 +1246,14 @@ class RouterActor(BusActor):
         return turn
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Later:
     """A timer of a turn this actor hosts (a scripted delay) is due: run ``fn`` here."""
 
     fn: Callable[[], None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _CancelInline:
     """Throw the cancel into a turn this actor hosts, after the handler that settled it."""
 

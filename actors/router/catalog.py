@@ -26,7 +26,7 @@ import inspect
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from actors.errors import Invalid
 from actors.types import AgentProvider, ResolvedAgentModel, TokenUsage
 from config.settings import NON_EMPTY, POSITIVE, ConfigError, Rule, build
+from transport.records import frozen
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -107,7 +108,7 @@ class UnknownModel(Invalid):
         return (type(self), (self.requested, self.known))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Prices:
     """US dollars per million tokens. Cached input is part of input; reasoning output is part of output."""
 
@@ -127,7 +128,7 @@ class Prices:
 FREE = Prices(input_usd_per_mtok=0.0, output_usd_per_mtok=0.0, cached_input_usd_per_mtok=0.0)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ProviderEntry:
     """A named provider: its kind and the rest of its table, unconverted (the provider's own settings).
 
@@ -144,7 +145,7 @@ class ProviderEntry:
         return _AGENT_PROVIDER[self.kind]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ModelEntry:
     """One catalog model. ``prices`` is None when the config gives none (receipts then carry no cost)."""
 
@@ -158,12 +159,12 @@ class ModelEntry:
     prices: Prices | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class _ProviderTable:
     kind: ProviderKind
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class _ModelTable:
     """``[models.<id>]`` as written; becomes a ModelEntry."""
 
@@ -225,7 +226,7 @@ _PROVIDER_CLASSES: Mapping[str, tuple[str, str]] = MappingProxyType(
 _NOT_OPTIONS = frozenset({"self", "api_key", "sleep"})  # given by the Router, never by a config file
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ProviderOption:
     """One option of a provider kind: its name and its default as Python writes it ('' if required)."""
 

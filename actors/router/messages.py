@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import ClassVar
 
 from actors.errors import Broken, Busy, Cancelled, Closed, Invalid, TimedOut
@@ -20,17 +19,18 @@ from actors.types import (
 )
 from transport.codec import JsonValue
 from transport.errors import BusError, NotDelivered
+from transport.records import frozen
 
 # ----------------------------------------------------------------------------------------------- requests
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ResolveModel:
     TAG: ClassVar[str] = "router.resolve_model"
     requested: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StartTurn:
     """Start one provider turn under a new child operation of ``parent_operation_id`` (RT-12)."""
 
@@ -53,14 +53,14 @@ class StartTurn:
     tools: tuple[OfferedTool, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnStarted:
     TAG: ClassVar[str] = "router.turn_started"
     operation_id: uuid.UUID
     model: ResolvedAgentModel
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class NextTurnEvent:
     """The next event of a turn; answered when one is there (the Router never blocks on it)."""
 
@@ -68,7 +68,7 @@ class NextTurnEvent:
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StreamTurnEvents:
     """Every remaining event of a turn as partial replies, the terminal one as the final reply."""
 
@@ -76,7 +76,7 @@ class StreamTurnEvents:
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RespondCall:
     """Answer a surfaced tool call. With ``read_on``, sent as a stream request by a reader that reads the
     turn's events right after: a partial ``Ok`` says the result was taken; then each event up to the
@@ -97,7 +97,7 @@ class RespondCall:
     read_on: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class FinishUnavailable:
     """Account for an interrupted turn: its one receipt (the stored one if it has one already)."""
 
@@ -105,7 +105,7 @@ class FinishUnavailable:
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelOperation:
     """Cancel an operation and, transitively, every child operation under it."""
 
@@ -113,13 +113,13 @@ class CancelOperation:
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class OperationsCancelled:
     TAG: ClassVar[str] = "router.cancelled"
     operation_ids: tuple[uuid.UUID, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SubmitInput:
     """The complete input of a turn's next provider request, replacing the conversation so far (a fresh-
     context subagent re-renders its whole projection before each request: RULES.md SA model, D-11).
@@ -130,7 +130,7 @@ class SubmitInput:
     input: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CountTokens:
     """How many tokens each text is for ``model``: the provider's own tokenizer where it has one, else a
     conservative estimate (``exact=False``; see ``providers.base.estimate_tokens``)."""
@@ -140,20 +140,20 @@ class CountTokens:
     texts: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TokenCount:
     TAG: ClassVar[str] = "router.token_count"
     counts: tuple[int, ...]
     exact: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetReceipt:
     TAG: ClassVar[str] = "router.get_receipt"
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetReceiptsFor:
     """The receipts of every provider turn started under ``parent_operation_id`` so far, oldest first."""
 
@@ -161,20 +161,20 @@ class GetReceiptsFor:
     parent_operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ReceiptList:
     TAG: ClassVar[str] = "router.receipts"
     receipts: tuple[UsageReceipt, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class GetRouterStats:
     """How much per-turn state the Router holds right now (for operators, benchmarks and tests)."""
 
     TAG: ClassVar[str] = "router.get_stats"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RouterStats:
     """``turns``: turns in memory (running, or ended and not yet delivered); ``links``: parent operations
     with children in memory; ``recent``: receipts kept in memory (only without a data dir); ``incarnation``:
@@ -194,7 +194,7 @@ class RouterStats:
 # ------------------------------------------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnInput:
     """The normalized context the provider was actually sent (one per provider request)."""
 
@@ -202,19 +202,19 @@ class TurnInput:
     context: ModelContext
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnTextDelta:
     TAG: ClassVar[str] = "router.ev.text"
     text: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnUsage:
     TAG: ClassVar[str] = "router.ev.usage"
     usage: TokenUsage
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnToolCall:
     """A native tool call with its exact provider call id; ``error`` set when it was invalid."""
 
@@ -225,7 +225,7 @@ class TurnToolCall:
     error: ToolCallError | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnCompleted:
     TAG: ClassVar[str] = "router.ev.completed"
     answer: str
@@ -237,7 +237,7 @@ class TurnCompleted:
     finish_reason: str = "stop"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnClosed:
     """The provider stream ended without a terminal completion (the turn still needs accounting)."""
 
@@ -249,7 +249,7 @@ TERMINAL_EVENTS = (TurnCompleted, TurnClosed)
 DECISION_EVENTS = (TurnToolCall, *TERMINAL_EVENTS)  # what ends a reading-on RespondCall (its final reply)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class TurnEventBatch:
     """Several events of a turn, in order, in one reply.
 

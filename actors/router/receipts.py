@@ -49,13 +49,13 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, cast, get_args
 
 from actors.types import AgentProvider, ReceiptStatus, TokenUsage, UsageReceipt
+from transport.records import frozen
 
 SCHEMA_VERSION: Final = 2
 BUSY_TIMEOUT_S: Final = 30.0  # another connection holding the write lock (a second process, a test)
@@ -158,7 +158,7 @@ def commit(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Intent:
     """What the ledger knows of a turn before its provider is called (the open row)."""
 

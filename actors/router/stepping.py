@@ -50,6 +50,7 @@ from actors.router.providers.base import (
     TurnSteps,
 )
 from actors.types import ToolResult
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ Post = Callable[[Callable[[], None]], None]
 any thread."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Step:
     """Run the host's next step (a tell to itself; at most one is in the mailbox at a time)."""
 
@@ -75,7 +76,7 @@ class Step:
 STEP: Final = Step()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Resolved:
     """A future a hosted turn waits on has settled: run ``fn`` (``TurnHost``'s) on the host's thread."""
 
@@ -293,7 +294,7 @@ class TurnHost:
 
 
 # ----------------------------------------------------------------------------------- worker actors
-@dataclass(frozen=True, slots=True)
+@frozen
 class HostTurn:
     """Host a turn: ``start()`` (called on the worker's thread) gives its steps; its end goes to
     ``finish``, and, for a bridge, each parked ``AwaitResult`` to ``awaiting``."""
@@ -304,20 +305,20 @@ class HostTurn:
     awaiting: Awaiting | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ResumeTurn:
     operation_id: uuid.UUID
     call_id: str
     result: ToolResult
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CancelTurn:
     operation_id: uuid.UUID
     cause: BaseException | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunCall:
     """Run ``fn()`` on the worker's thread between steps (a token count) and hand ``done`` its result or
     its error."""
@@ -326,14 +327,14 @@ class RunCall:
     done: Callable[[Any, BaseException | None], None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class WorkerStats:
     hosted: int
     queued: int
     steps_run: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class GetWorkerStats:
     pass
 

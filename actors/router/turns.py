@@ -44,6 +44,7 @@ from actors.types import (
 )
 from transport.capture import pack_payload, unpack_payload
 from transport.errors import Expired, NotDelivered, Unavailable
+from transport.records import frozen
 
 # Defaults of the Router's liveness and memory options (RouterActor and actor.py's docstring explain them).
 TICK_S: Final = 1.0
@@ -74,32 +75,32 @@ def thread_ticker(interval_s: float, fn: Callable[[], None]) -> Callable[[], Non
 
 
 # Messages from worker threads to the Router's own mailbox (local only, never on the wire).
-@dataclass(frozen=True, slots=True)
+@frozen
 class Emitted:
     operation_id: uuid.UUID
     event: ProviderEvent
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Finished:
     operation_id: uuid.UUID
     outcome: ProviderOutcome | None
     error: BaseException | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TimedOut:
     operation_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Counted:
     ctx: Context
     counts: tuple[int, ...] | None
     error: BaseException | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Tick:
     """Housekeeping: flush staged usage, watch turns idle on their owners, drop ended turns."""
 
@@ -107,7 +108,7 @@ class Tick:
 TICK = Tick()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepMark:
     """The start (``end=False``) or the end of one step of the inline turns: the events queued between the
     two reach their readers together, at the end. Recorded, so a replay, which runs no step, groups the

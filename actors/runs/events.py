@@ -5,36 +5,36 @@ carries them."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import ClassVar
 
 from actors.types import AgentContinuation, AgentProvider, ModelContext, TokenUsage, UsageReceipt
 from transport.codec import JsonValue
+from transport.records import frozen
 
 __all__ = ["AnyAuditEvent", "AnyRunEvent", "AnySessionEvent", "AuditEvent", "SessionEvent"]
 
 
 class SessionEvent:
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class InferenceSubmitted:
         TAG: ClassVar[str] = "rs.ev.submitted"
         round: int
         manifest_hash: str
         model: str
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ProviderInput:
         TAG: ClassVar[str] = "rs.ev.provider_input"
         round: int
         context: ModelContext
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class UsageUpdated:
         TAG: ClassVar[str] = "rs.ev.usage"
         round: int
         usage: TokenUsage
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ProviderReceipt:
         TAG: ClassVar[str] = "rs.ev.receipt"
         round: int
@@ -54,7 +54,7 @@ AnySessionEvent = (
 class AuditEvent:
     """What a run records through ``Host.record``, in order (EV-01..EV-06); callers ``match`` on these."""
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Started:
         TAG: ClassVar[str] = "sa.ev.started"
         parent_operation_id: uuid.UUID
@@ -67,7 +67,7 @@ class AuditEvent:
         task: str
         host: JsonValue
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class InferenceSubmitted:
         TAG: ClassVar[str] = "sa.ev.submitted"
         parent_operation_id: uuid.UUID
@@ -75,14 +75,14 @@ class AuditEvent:
         manifest_hash: str
         estimated_input_tokens: int
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ToolCall:
         TAG: ClassVar[str] = "sa.ev.tool_call"
         parent_operation_id: uuid.UUID
         name: str
         arguments: JsonValue
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ToolResult:
         TAG: ClassVar[str] = "sa.ev.tool_result"
         parent_operation_id: uuid.UUID
@@ -91,7 +91,7 @@ class AuditEvent:
         projection_accepted: bool
         result: str
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class ProviderReceipt:
         TAG: ClassVar[str] = "sa.ev.receipt"
         parent_operation_id: uuid.UUID
@@ -100,7 +100,7 @@ class AuditEvent:
         usage: TokenUsage | None
         receipt: UsageReceipt
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Completed:
         TAG: ClassVar[str] = "sa.ev.completed"
         parent_operation_id: uuid.UUID

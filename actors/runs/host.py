@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
@@ -23,6 +22,7 @@ from actors.runs.projection import ContextBudget
 from actors.types import ToolCall, ToolCallError
 from transport.codec import JsonValue
 from transport.node import Node
+from transport.records import frozen
 
 __all__ = [
     "HANDLE_TIMEOUT",
@@ -37,7 +37,7 @@ HOST_TIMEOUT: Final = 3600.0  # a host call (a tool) may take long; the run's ow
 HANDLE_TIMEOUT: Final = 3600.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostRecord:
     """Record one event of the run; the loop waits for the answer (EV-10)."""
 
@@ -45,7 +45,7 @@ class HostRecord:
     event: AnyRunEvent
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostExecuteTool:
     """Run one tool call. ``idempotency_key``: the call's effect key (``idempotency_key(...)``), so a repeat
     never runs the tool twice; empty: unprotected. ``operation_id``: the turn's child operation (RS-11,
@@ -60,7 +60,7 @@ class HostExecuteTool:
     budget: ContextBudget | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostCompleteCapture:
     """The turn's terminal answer for the designated capture (RS-21, SA-21; ``budget``: a subagent's)."""
 

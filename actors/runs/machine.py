@@ -25,7 +25,6 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
@@ -46,6 +45,7 @@ from transport.errors import ProtocolError
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +103,19 @@ class Target(enum.Enum):
 # ------------------------------------------------------------------------------------------ messages
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Begin:
     """The run's request (``RunSession``, ``RunSubagent``): accepted in ``Idle`` only."""
 
     run: Any
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Cancel:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Answered:
     """The answer to ``asked`` (the message of an ``Ask``, or ``AwaitStarted`` for an ``Open``)."""
 
@@ -123,7 +123,7 @@ class Answered:
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Failed:
     asked: Any
     error: BaseException
@@ -134,7 +134,7 @@ Message = Begin | Cancel | Answered | Failed
 # ------------------------------------------------------------------------------------------- effects
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ask:
     """Ask ``target`` ``message``; the answer comes back as ``Answered``/``Failed``. A cancelled run stops
     before a ``boundary`` ask instead of making it."""
@@ -145,26 +145,26 @@ class Ask:
     timeout: float | None = None  # None: the hosting actor's bound for ``target``
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Open:
     """Start the round's inference handle, then ask it ``AwaitStarted`` (a boundary)."""
 
     request: SessionInferenceRequest
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Close:
     """Release the inference handle (it has answered its last)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Finish:
     """Answer the run's caller with ``result`` and stop."""
 
     result: Any
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Abort:
     """Fail the run's caller with ``error`` (``progressed``: a turn started or a tool ran) and stop."""
 
@@ -172,7 +172,7 @@ class Abort:
     progressed: bool
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Refuse:
     """Answer this ``Begin`` (only) with ``error``; the machine stays where it was."""
 
@@ -184,7 +184,7 @@ Effect = Ask | Open | Close | Finish | Abort | Refuse
 # -------------------------------------------------------------------------------------------- states
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Run(Generic[F]):
     """What every live state carries: the flavor's facts, whether a handle is open (``op``: its child
     operation once started; ``None`` while starting), whether the run has progressed, and ``queued``: handle
@@ -208,17 +208,17 @@ class Run(Generic[F]):
         return Run(self.facts, self.handle, self.op, self.progressed, queued)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Succeed:
     answer: Any
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Raise:
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Then:
     """Go on with the flavor (``Flavor.then``): the session selects its next round."""
 
@@ -226,39 +226,39 @@ class Then:
 After = Succeed | Raise | Then
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Idle:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class IdleCancelled:
     """A ``Cancel`` overtook the ``Begin``: the run will end as soon as it is asked to start."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Starting:
     run: Run[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Reading:
     run: Run[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingCompleted:
     run: Run[Any]
     completed: SessionInferenceEvent.Completed
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Accounting:
     run: Run[Any]
     after: After
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingReceipt:
     """The accounted receipt is being recorded; ``failure``: the accounting's own error, if any."""
 
@@ -267,7 +267,7 @@ class RecordingReceipt:
     failure: BaseException | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Raising:
     """A failure's attached receipt is being recorded; then ``error`` is raised."""
 
@@ -275,7 +275,7 @@ class Raising:
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Interrupting:
     """A cancelled read: waiting for both the read's answer and the accounting's."""
 
@@ -284,24 +284,24 @@ class Interrupting:
     account: Answered | Failed | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingReceipts:
     run: Run[Any]
     rest: tuple[Any, ...]
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Cancelling:
     inner: Any
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Ended:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Step:
     state: Any
     effects: tuple[Effect, ...] = ()

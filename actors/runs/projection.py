@@ -21,6 +21,7 @@ from typing import ClassVar, Final
 
 from actors.router.providers.base import estimate_tokens
 from transport.codec import JsonValue
+from transport.records import frozen
 
 # SA-12, the seed's exact text
 UPDATED_MARKER: Final = (
@@ -100,7 +101,7 @@ def value_piece(key: str, text: str) -> str:
 # ------------------------------------------------------------------------------------------ wire values
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class StateUpdate:
     """``key`` is a stable identity: a later update replaces its value, ``text=None`` removes it (SA-09)."""
 
@@ -109,7 +110,7 @@ class StateUpdate:
     text: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ToolOutcome:
     """``unknown``: the call may or may not have run (its host died while it ran); ``ok`` is then False,
     ``text`` says so, and the host does not run it again under the same idempotency key."""
@@ -131,7 +132,7 @@ class ToolOutcome:
         return cls(text=text, ok=False)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class ContextBudget:
     """An immutable snapshot of the projection's size (SA-07), usable in any process.
 
@@ -169,7 +170,7 @@ class ContextBudget:
 # ------------------------------------------------------------------------------------------- projection
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Entry:
     """One executed call: its rendering, the exact text the provider received, and which state it showed."""
 

@@ -24,7 +24,6 @@ import itertools
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
@@ -83,6 +82,7 @@ from transport.errors import BusError, Expired, ProtocolError
 from transport.messages import Ok
 from transport.node import Node
 from transport.pending import Reply, forbid_blocking
+from transport.records import frozen
 from transport.replay import recorded_uuid
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ __all__ = [
 # ------------------------------------------------------------------------------------------------ types
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SessionRunRequest:
     TAG: ClassVar[str] = "rs.request"
     user_id: str
@@ -136,18 +136,18 @@ class SessionRunRequest:
 
 
 class RoundPreparation:
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Run:
         TAG: ClassVar[str] = "rs.prep.run"
         prepared: PreparedRound
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Complete:
         TAG: ClassVar[str] = "rs.prep.complete"
         answer: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SessionToolOutcome:
     """``unknown``: the call may or may not have run (its host died while it ran); ``ok`` is then False
     and ``text`` says so, and the host does not run it again under the same idempotency key."""
@@ -171,22 +171,22 @@ class SessionToolOutcome:
 
 
 class ProviderResume:
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Continue:
         TAG: ClassVar[str] = "rs.resume.continue"
         outcome: SessionToolOutcome
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Complete:
         TAG: ClassVar[str] = "rs.resume.complete"
         answer: str | None
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class RestartFresh:
         TAG: ClassVar[str] = "rs.resume.restart_fresh"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RoundCompletion:
     TAG: ClassVar[str] = "rs.round_completion"
     answer: str
@@ -197,11 +197,11 @@ class RoundCompletion:
 
 
 class SessionControl:
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Continue:
         TAG: ClassVar[str] = "rs.control.continue"
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @frozen(kw_only=True)
     class Complete:
         TAG: ClassVar[str] = "rs.control.complete"
         answer: str | None
@@ -276,13 +276,13 @@ class SessionHost(Protocol):
     def complete_round(self, completion: RoundCompletion) -> Any: ...  # SessionControl.* | Future
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostPrepareRound:
     TAG: ClassVar[str] = "rs.host.prepare_round"
     round: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostRunTool:
     """``execute_tool``, then ``prepare_provider_resume`` on its outcome, in one request (RS-11, RS-13: the
     rules order the two host calls, they do not need two bus round trips): answered with the
@@ -300,13 +300,13 @@ class HostRunTool:
     records: tuple[SessionEvent.ProviderInput | SessionEvent.UsageUpdated, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostPrepareResume:
     TAG: ClassVar[str] = "rs.host.prepare_resume"
     outcome: SessionToolOutcome
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostCompleteRound:
     TAG: ClassVar[str] = "rs.host.complete_round"
     completion: RoundCompletion
@@ -439,7 +439,7 @@ class HostActor(ToolHostActor):
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _RecordsDone:
     """A record of a ``HostRunTool``'s ``records`` resolved (HostActor's mailbox): go on with the rest."""
 
@@ -466,7 +466,7 @@ def _unknown_outcome(text: str) -> SessionToolOutcome:
 # ------------------------------------------------------------------------------------------------- loop
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunSession:
     TAG: ClassVar[str] = "rs.run"
     request: SessionRunRequest
@@ -477,13 +477,13 @@ class RunSession:
     loop: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class SessionResult:
     TAG: ClassVar[str] = "rs.result"
     answer: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class CancelSession:
     """A control (answered at once, even mid-step): end the run at its next step boundary. An open
     provider turn is accounted for as interrupted and its receipt recorded once; the run then fails with
@@ -498,7 +498,7 @@ class CancelSession:
 # accounting, cancellation, the end) are actors/runs/machine.py's.
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SessionFacts:
     """The run's request and the current round's number and accumulated facts (RS-21, RS-22); everything
     but the number is reset when a round is selected (RS-37)."""
@@ -513,14 +513,14 @@ class SessionFacts:
     records: tuple[SessionEvent.ProviderInput | SessionEvent.UsageUpdated, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Preparing:
     """``prepare_round`` asked (RS-06)."""
 
     run: Run[SessionFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Submitting:
     """``InferenceSubmitted`` being recorded; then the handle starts (RS-07)."""
 
@@ -528,14 +528,14 @@ class Submitting:
     prepared: PreparedRound
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingEvent:
     """A ``ProviderInput`` or ``UsageUpdated`` being recorded before the next read (RS-10, EV-10)."""
 
     run: Run[SessionFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Resuming:
     """``execute_tool`` and then ``prepare_provider_resume`` asked, in one ``HostRunTool`` (RS-11, RS-13)."""
 
@@ -543,7 +543,7 @@ class Resuming:
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Responding:
     """The native response of an outcome with ``stop`` sent (RS-14, RS-24); the turn is accounted next.
     (Without ``stop`` the response and the next read are one ask, made in ``Reading``.)"""
@@ -551,7 +551,7 @@ class Responding:
     run: Run[SessionFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Completing:
     """``complete_round`` or ``complete_capture`` asked (RS-21, RS-22, RS-27)."""
 

@@ -17,7 +17,7 @@ import concurrent.futures
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Protocol
@@ -91,6 +91,7 @@ from transport.codec import JsonValue
 from transport.errors import BusError, Expired, ProtocolError
 from transport.node import Node
 from transport.pending import chained, forbid_blocking
+from transport.records import frozen
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ __all__ = [
 # ------------------------------------------------------------------------------------------------ types
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunRequest:
     TAG: ClassVar[str] = "sa.request"
     user_id: str
@@ -134,7 +135,7 @@ class RunRequest:
     start_metadata: JsonValue = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunResult:
     TAG: ClassVar[str] = "sa.result"
     answer: str
@@ -210,13 +211,13 @@ class Host(Protocol):
     def record(self, event: AnyAuditEvent) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class HostRenderToolCall:
     TAG: ClassVar[str] = "sa.host.render_tool_call"
     call: ToolCall
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RenderedCall:
     TAG: ClassVar[str] = "sa.host.rendered_call"
     text: str
@@ -279,7 +280,7 @@ def _unknown_outcome(text: str) -> ToolOutcome:
 # -------------------------------------------------------------------------------------------------- run
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class RunSubagent:
     TAG: ClassVar[str] = "sa.run"
     request: RunRequest
@@ -288,7 +289,7 @@ class RunSubagent:
     protocol_reserve_tokens: int = PROTOCOL_RESERVE_TOKENS
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CancelRun:
     """Ends a run at its next step boundary (before its next read of the provider or its next tool), the open
     turn accounted for as interrupted and its receipt recorded once; the run fails with ``RunCancelled``."""
@@ -300,7 +301,7 @@ class CancelRun:
 # accounting, cancellation, the end) are actors/runs/machine.py's.
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SubagentFacts:
     """The run's request, its one model (SA-01), the projection and the sizes counted so far, the round
     last submitted (EV-02, EV-04) and the designated capture (SA-21). ``projection`` is never changed in
@@ -339,7 +340,7 @@ class SubagentFacts:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Placement:
     """A failure entry being placed (SA-16, SA-18, SA-25): exact when it fits, else truncated to fit."""
 
@@ -353,19 +354,19 @@ class Placement:
 
 
 # What comes after a count (the sizes of the pieces named are then known).
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToFirst:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToExecute:
     call_id: str
     call: ToolCall
     rendered: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToDecide:
     call_id: str
     call: ToolCall
@@ -374,21 +375,21 @@ class ToDecide:
     candidate: Projection
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToCheckExact:
     placement: Placement
     candidate: Projection
     empty: Projection
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToTruncate:
     placement: Placement
     candidate: Projection
     empty: Projection
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToCheckTruncated:
     placement: Placement
     candidate: Projection
@@ -398,24 +399,24 @@ class ToCheckTruncated:
 AfterCount = ToFirst | ToExecute | ToDecide | ToCheckExact | ToTruncate | ToCheckTruncated
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Resolving:
     run: Run[SubagentFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingStarted:
     run: Run[SubagentFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Counting:
     run: Run[SubagentFacts]
     missing: tuple[str, ...]
     then: AfterCount
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SubmittingFirst:
     """The first ``InferenceSubmitted`` being recorded; then the turn starts (EV-02)."""
 
@@ -423,14 +424,14 @@ class SubmittingFirst:
     prepared: PreparedRound
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Rendering:
     run: Run[SubagentFacts]
     call_id: str
     call: ToolCall
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingCall:
     run: Run[SubagentFacts]
     call_id: str
@@ -438,7 +439,7 @@ class RecordingCall:
     rendered: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ExecutingTool:
     run: Run[SubagentFacts]
     call_id: str
@@ -446,14 +447,14 @@ class ExecutingTool:
     rendered: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingResult:
     run: Run[SubagentFacts]
     call_id: str
     result: ToolResult
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingSubmitted:
     run: Run[SubagentFacts]
     call_id: str
@@ -461,19 +462,19 @@ class RecordingSubmitted:
     rendered: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SubmittingInput:
     run: Run[SubagentFacts]
     call_id: str
     result: ToolResult
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Capturing:
     run: Run[SubagentFacts]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordingCompleted:
     run: Run[SubagentFacts]
     answer: str

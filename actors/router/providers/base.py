@@ -23,15 +23,16 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Final, Literal, Protocol
 
 # The one TurnCancelled (a RouterError on the wire): what a cancel throws into a turn, re-exported here.
 from actors.router.messages import TurnCancelled as TurnCancelled
 from actors.types import ContextItem, ModelContext, OfferedTool, ResolvedAgentModel, TokenUsage, ToolResult
+from transport.records import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ChatMessage:
     """One message of a chat-style conversation, in the provider-neutral form the Router keeps."""
 
@@ -41,7 +42,7 @@ class ChatMessage:
     tool_call_id: str | None = None  # tool only
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class NativeToolCall:
     """A tool call exactly as the provider produced it (the Router parses ``arguments`` strictly)."""
 
@@ -50,7 +51,7 @@ class NativeToolCall:
     arguments: str  # raw JSON text, possibly invalid
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolSpec:
     """The one native tool offered to the provider (``call_ktool``) in OpenAI function form."""
 
@@ -69,7 +70,7 @@ class ToolSpec:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TurnRequest:
     """Everything a provider needs for one turn; ``messages`` is the whole conversation so far."""
 
@@ -86,22 +87,22 @@ class TurnRequest:
 
 
 # Events a provider emits (in provider order).
-@dataclass(frozen=True, slots=True)
+@frozen
 class Submitted:
     context: ModelContext
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TextDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class UsageUpdate:
     usage: TokenUsage  # cumulative for the turn
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ToolCallRequested:
     call: NativeToolCall
 
@@ -109,7 +110,7 @@ class ToolCallRequested:
 ProviderEvent = Submitted | TextDelta | UsageUpdate | ToolCallRequested
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ProviderOutcome:
     answer: str
     usage: TokenUsage | None
@@ -138,32 +139,32 @@ CLOSED: Final = "closed"  # ProviderError.kind of a stream that ended without a 
 
 
 # What a stepped turn yields (``TurnSteps``): what it waits for before its next step.
-@dataclass(frozen=True, slots=True)
+@frozen
 class AwaitResult:
     """The result of the tool call ``call_id`` (emitted before): the host sends the ``ToolResult`` back."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Pause:
     """More to do at once; the host handles its other messages (a cancel, a result) before the next step.
     A turn that paused keeps its host (``"owner"``: the model) until it yields anything else."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Sleep:
     """Resume after ``seconds`` (a scripted delay), without holding the host."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AwaitCancel:
     """Nothing more until the turn is cancelled (a scripted hang)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AwaitFuture:
     """The outcome of ``future`` (e.g. a bus request's, the codex facade's ``*_future``): the host sends its
     result back, or throws its exception in, on the host's own thread, and holds nothing meanwhile. What

@@ -1,0 +1,166 @@
+"""``transport.records.frozen``: a frozen, slotted dataclass whose ``__init__`` sets each slot directly. It
+must build exactly what ``@dataclass(frozen=True, slots=True)`` builds: same parameters and defaults,
+factories called per object, ``init=False`` fields, ``__post_init__``, the same errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from dataclasses import InitVar, dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+
+import actors
+import transport
+from actors.types import evolve
+from transport.records import compiled_init, frozen
+
+
+def _body(**extra: Any) -> dict[str, Any]:
+    """One class body with every kind of field (the same one for both decorators)."""
+
+    def post_init(self: Any) -> None:
+        if self.count < 0:
+            raise ValueError("count must not be negative")
+        object.__setattr__(self, "derived", self.count * 2)
+
+    return {
+        "__annotations__": {
+            "TAG": "ClassVar[str]",
+            "name": "str",
+            "count": "int",
+            "tags": "tuple[str, ...]",
+            "items": "list[int]",
+            "mode": "str",
+            "derived": "int",
+            "made": "list[int]",
+        },
+        "TAG": "t.shape",
+        "count": 0,
+        "tags": (),
+        "items": field(default_factory=list),
+        "mode": field(default="plain", kw_only=True),
+        "derived": field(default=0, init=False),
+        "made": field(default_factory=lambda: [1], init=False),
+        "__post_init__": post_init,
+        **extra,
+    }
+
+
+Fast = frozen(type("Fast", (), _body()))
+Stock = dataclass(frozen=True, slots=True)(type("Stock", (), _body()))
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [(("a",), {}), (("a", 3, ("x",), [4]), {"mode": "loud"}), ((), {"name": "b", "count": 2})],
+)
+def test_frozen_builds_what_the_stock_dataclass_builds(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    fast, stock = Fast(*args, **kwargs), Stock(*args, **kwargs)
+    assert _fields(fast) == _fields(stock)
+    assert repr(fast).replace("Fast", "X") == repr(stock).replace("Stock", "X")
+    assert fast == Fast(*args, **kwargs) and hash(fast.tags) == hash(stock.tags)
+
+
+def test_frozen_calls_each_factory_per_object_and_runs_post_init() -> None:
+    one, two = Fast("a"), Fast("a")
+    assert one.items == [] and one.items is not two.items  # default_factory, per object
+    assert one.made == [1] and one.made is not two.made  # an init=False field's factory too
+    assert Fast("a", 5).derived == 10  # __post_init__ ran after every field was set
+    with pytest.raises(ValueError, match="must not be negative"):
+        Fast("a", -1)
+
+
+def test_frozen_refuses_what_the_stock_dataclass_refuses() -> None:
+    for cls in (Fast, Stock):
+        with pytest.raises(TypeError):
+            cls()  # a required field missing
+        with pytest.raises(TypeError):
+            cls("a", 1, (), [], "too many")  # mode is keyword-only
+        with pytest.raises(TypeError):
+            cls("a", derived=3)  # init=False: not a parameter
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cls("a").count = 2  # type: ignore[misc]
+    assert inspect.signature(Fast) == inspect.signature(Stock)
+
+
+def test_a_class_whose_init_takes_an_initvar_keeps_the_generated_init() -> None:
+    @frozen
+    class Scaled:
+        value: int
+        scale: InitVar[int] = 1
+
+        def __post_init__(self, scale: int) -> None:
+            object.__setattr__(self, "value", self.value * scale)
+
+    assert compiled_init(Scaled, Scaled.__init__.__wrapped__) is None  # type: ignore[misc]
+    assert (Scaled(2).value, Scaled(2, 3).value, Scaled(2, 3).value) == (2, 6, 6)
+
+
+def test_evolve_of_a_slotted_state_sets_its_slots() -> None:
+    @frozen
+    class State:
+        a: int
+        b: tuple[int, ...] = ()
+
+    state = State(1, (2,))
+    assert evolve(state, b=(3,)) == State(1, (3,)) == dataclasses.replace(state, b=(3,))
+    assert evolve(state) == state and evolve(state) is not state
+
+
+def _frozen_classes() -> list[type[Any]]:
+    """Every class in actors and transport made with ``frozen``, nested ones (a union's members) too."""
+    found: list[type[Any]] = []
+
+    def walk(namespace: dict[str, Any], module: str) -> None:
+        for value in list(namespace.values()):
+            if isinstance(value, type) and value.__module__ == module and value not in found:
+                if hasattr(value.__dict__.get("__init__"), "__wrapped__"):
+                    found.append(value)
+                walk(dict(vars(value)), module)
+
+    for package in (actors, transport):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
+            walk(dict(vars(module)), info.name)
+    return found
+
+
+def test_every_frozen_class_of_kbus_gets_an_init_with_the_generated_ones_parameters() -> None:
+    classes = _frozen_classes()
+    assert len(classes) > 300, len(classes)  # the walk found the codebase's messages and states
+    for cls in classes:
+        generated = cls.__dict__["__init__"].__wrapped__
+        fast = compiled_init(cls, generated)
+        assert fast is not None, f"{cls.__qualname__} falls back to the generated __init__"
+        want = list(inspect.signature(generated).parameters.values())[1:]
+        got = list(inspect.signature(fast, follow_wrapped=False).parameters.values())[1:]
+        assert [(p.name, p.kind) for p in got] == [(p.name, p.kind) for p in want], cls.__qualname__
+        for mine, theirs in zip(got, want, strict=True):
+            if (
+                theirs.default is inspect.Parameter.empty
+                or type(theirs.default).__name__ == "_HAS_DEFAULT_FACTORY_CLASS"
+            ):
+                assert (mine.default is inspect.Parameter.empty) == (
+                    theirs.default is inspect.Parameter.empty
+                )
+            else:
+                assert mine.default is theirs.default, f"{cls.__qualname__}.{mine.name}"
+
+
+def test_a_class_variable_is_not_a_parameter() -> None:
+    @frozen(kw_only=True)
+    class Message:
+        TAG: ClassVar[str] = "t.message"
+        text: str = ""
+
+    assert Message(text="hi").text == "hi" and Message.TAG == "t.message"
+    with pytest.raises(TypeError):
+        Message(TAG="other")  # type: ignore[call-arg]

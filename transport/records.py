@@ -1,0 +1,137 @@
+"""``frozen``: the frozen, slotted dataclass every message and state is, built at a plain class's speed.
+
+A frozen dataclass's generated ``__init__`` sets each field through ``object.__setattr__(self, name,
+value)`` (its own ``__setattr__`` refuses), which looks the slot up by name on every call: a message of six
+fields costs twice what it would with plain assignments. A round of the agent loop builds about sixty such
+objects (messages, replies, machine states), and a decoded tell one each. ``frozen`` makes the class with
+``dataclasses.dataclass(frozen=True, slots=True)`` and then gives it an ``__init__`` that calls each
+slot's own setter (its member descriptor's ``__set__``) directly: the same parameters, defaults,
+``default_factory`` calls, ``init=False`` fields and ``__post_init__`` call, in the same order.
+
+That ``__init__`` is compiled when the class is first built, not at import: an import pays nothing for
+the hundreds of classes a process never builds (``dataclasses`` already compiles six methods for each).
+Until then the class's ``__init__`` is a stand-in that compiles, installs and calls the fast one;
+``inspect.signature`` sees the dataclass's own (``__wrapped__``). A class the fast path cannot serve (a
+field in a base class's ``__dict__`` rather than a slot, an ``InitVar``) keeps the generated
+``__init__``. ``setters(cls)`` gives ``actors.types.evolve`` the same setters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any, TypeVar, dataclass_transform, overload
+
+_T = TypeVar("_T")
+_Setter = Callable[[Any, Any], None]
+_SETTERS: dict[type[Any], tuple[_Setter, ...] | None] = {}
+_FACTORY = object()  # a default_factory field's parameter default: "not given, call the factory"
+
+
+@overload
+def frozen(cls: type[_T], /) -> type[_T]: ...
+
+
+@overload
+def frozen(*, kw_only: bool = False) -> Callable[[type[_T]], type[_T]]: ...
+
+
+@dataclass_transform(frozen_default=True)
+def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
+    """``@dataclass(frozen=True, slots=True, kw_only=kw_only)``, with a faster ``__init__`` (see above)."""
+
+    def wrap(cls: type[_T]) -> type[_T]:
+        made: type[_T] = dataclasses.dataclass(frozen=True, slots=True, kw_only=kw_only)(cls)
+        _stand_in(made)
+        return made
+
+    return wrap if cls is None else wrap(cls)
+
+
+def setters(cls: type[Any]) -> tuple[_Setter, ...] | None:
+    """The slot setters of ``cls``'s dataclass fields, in field order; None when one is not a slot."""
+    found = _SETTERS.get(cls, _FACTORY)
+    if found is not _FACTORY:
+        return found  # type: ignore[return-value]
+    out: list[_Setter] = []
+    for field in dataclasses.fields(cls):
+        for klass in cls.__mro__:
+            slot = klass.__dict__.get(field.name)
+            if slot is not None:
+                if type(slot) is not types.MemberDescriptorType:
+                    _SETTERS[cls] = None
+                    return None
+                out.append(slot.__set__)
+                break
+        else:
+            _SETTERS[cls] = None
+            return None
+    _SETTERS[cls] = result = tuple(out)
+    return result
+
+
+def compiled_init(cls: type[Any], generated: Callable[..., None]) -> Callable[..., None] | None:
+    """The fast ``__init__`` for dataclass ``cls`` (compiled now), or None when ``cls`` needs its own
+    ``generated`` one: a field is not a slot, or the generated one takes what is not a field (an
+    ``InitVar``)."""
+    slot_setters = setters(cls)
+    fields = dataclasses.fields(cls)
+    taken = list(inspect.signature(generated).parameters)[1:]
+    if slot_setters is None or sorted(taken) != sorted(f.name for f in fields if f.init):
+        return None
+    scope: dict[str, Any] = {"_factory_": _FACTORY}
+    positional: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    for i, (field, setter) in enumerate(zip(fields, slot_setters, strict=True)):
+        scope[f"_set{i}_"] = setter
+        has_default = field.default is not dataclasses.MISSING
+        has_factory = field.default_factory is not dataclasses.MISSING
+        if has_default:
+            scope[f"_default{i}_"] = field.default
+        if has_factory:
+            scope[f"_make{i}_"] = field.default_factory
+        if not field.init:
+            if has_default:
+                body.append(f"    _set{i}_(_self_, _default{i}_)")
+            elif has_factory:
+                body.append(f"    _set{i}_(_self_, _make{i}_())")
+            continue
+        name = field.name
+        if has_default:
+            param = f"{name}=_default{i}_"
+            value = name
+        elif has_factory:
+            param = f"{name}=_factory_"
+            value = f"_make{i}_() if {name} is _factory_ else {name}"
+        else:
+            param, value = name, name
+        (keyword if field.kw_only else positional).append(param)
+        body.append(f"    _set{i}_(_self_, {value})")
+    if hasattr(cls, "__post_init__"):
+        body.append("    _self_.__post_init__()")
+    params = ", ".join(["_self_", *positional, *(["*", *keyword] if keyword else [])])
+    source = "\n".join([f"def __init__({params}):", *(body or ["    pass"])])
+    exec(source, scope)  # the source is made of the class's own field names only
+    init: Callable[..., None] = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__wrapped__ = generated  # type: ignore[attr-defined]  # its signature, for inspect
+    return init
+
+
+def _stand_in(cls: type[Any]) -> None:
+    generated = cls.__dict__.get("__init__")
+    if generated is None:
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is the class's __init__
+        fast = compiled_init(cls, generated) or generated
+        cls.__init__ = fast  # compiled once; later builds call it directly
+        fast(self, *args, **kwargs)
+
+    __init__.__wrapped__ = generated  # type: ignore[attr-defined]  # inspect.signature reads the real one
+    __init__.__qualname__ = generated.__qualname__
+    cls.__init__ = __init__
