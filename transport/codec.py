@@ -453,6 +453,7 @@ class Registry:
         # (see _build).
         self._plans: dict[type[Any], tuple[tuple[str, frozenset[type[Any]], Converter], ...]] = {}
         self._packers = threading.local()  # see encode_header
+        self._bodies: dict[type[Any], Callable[[Any], dict[str, Any]]] = {}  # encode's, made on first use
         for cls in types_:
             self._add(cls)
         for cls in self._by_tag.values():
@@ -529,10 +530,10 @@ class Registry:
     def encode(self, message: Any) -> bytes:
         """The body frame of ``message`` (its fields as a map; the tag travels in the header's kind)."""
         cls = type(message)
-        names = self._fields.get(cls)
-        if names is None or self._by_tag.get(cls.TAG) is not cls:
-            raise TypeError(f"{cls.__name__} is not a registered message")
-        body = {name: getattr(message, name) for name in names}
+        body_of = self._bodies.get(cls)
+        if body_of is None:
+            body_of = self._body_of(cls)
+        body = body_of(message)
         try:
             pack = self._packers.pack
         except AttributeError:
@@ -541,6 +542,19 @@ class Registry:
         if len(frame) > self.max_body_bytes:
             raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
         return frame
+
+    def _body_of(self, cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
+        """``encode``'s map of one message class's fields, written out field by field (compiled on its first
+        encode, as ``_copier`` is); a TypeError for a class that is not registered."""
+        names = self._fields.get(cls)
+        if names is None or self._by_tag.get(cls.TAG) is not cls:
+            raise TypeError(f"{cls.__name__} is not a registered message")
+        items = ", ".join(f"{name!r}: _m_.{name}" for name in names)
+        scope: dict[str, Any] = {}
+        exec(f"def body(_m_):\n    return {{{items}}}", scope)  # made of the class's own field names only
+        body_of: Callable[[Any], dict[str, Any]] = scope["body"]
+        self._bodies[cls] = body_of
+        return body_of
 
     def shareable(self, message: Any) -> bool:
         """True when ``message`` may be handed to another thread of this process as it is, instead of as a
