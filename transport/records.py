@@ -52,9 +52,8 @@ def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
 
 def setters(cls: type[Any]) -> tuple[_Setter, ...] | None:
     """The slot setters of ``cls``'s dataclass fields, in field order; None when one is not a slot."""
-    found = _SETTERS.get(cls, _FACTORY)
-    if found is not _FACTORY:
-        return found  # type: ignore[return-value]
+    if cls in _SETTERS:
+        return _SETTERS[cls]
     out: list[_Setter] = []
     for field in dataclasses.fields(cls):
         for klass in cls.__mro__:
