@@ -8,8 +8,11 @@ objects (messages, replies, machine states), and a decoded tell one each. ``froz
 slot's own setter (its member descriptor's ``__set__``) directly: the same parameters, defaults,
 ``default_factory`` calls, ``init=False`` fields and ``__post_init__`` call, in the same order.
 
-That ``__init__`` is compiled when the class is first built, not at import: an import pays nothing for
-the hundreds of classes a process never builds (``dataclasses`` already compiles six methods for each).
+That ``__init__`` is compiled when the class is first built, not at import, and ``__repr__``, ``__eq__``
+and ``__hash__`` (dataclass's own, field by field, and kept where the class writes its own as dataclass
+keeps them) when first called: ``dataclasses`` compiles six methods for each class as it is made, and a
+process imports some four hundred classes, most of which it never prints, compares or even builds (this
+halves kbus's import time).
 Until then the class's ``__init__`` is a stand-in that compiles, installs and calls the fast one;
 ``inspect.signature`` sees the dataclass's own (``__wrapped__``). A class the fast path cannot serve (a
 field in a base class's ``__dict__`` rather than a slot, an ``InitVar``) keeps the generated
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import reprlib
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform, overload
@@ -43,8 +47,20 @@ def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
     """``@dataclass(frozen=True, slots=True, kw_only=kw_only)``, with a faster ``__init__`` (see above)."""
 
     def wrap(cls: type[_T]) -> type[_T]:
-        made: type[_T] = dataclasses.dataclass(frozen=True, slots=True, kw_only=kw_only)(cls)
+        own = cls.__dict__
+        # What dataclass would leave to the class (its own __repr__, __eq__, an explicit __hash__: a class
+        # that writes __eq__ alone has __hash__ = None put in by Python, which is not explicit).
+        keep_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
+        made: type[_T] = dataclasses.dataclass(
+            frozen=True, slots=True, kw_only=kw_only, repr=False, eq=False
+        )(cls)
         _stand_in(made)
+        if "__repr__" not in own:
+            _later(made, "__repr__", _repr_source)
+        if "__eq__" not in own:
+            _later(made, "__eq__", _eq_source)
+        if not keep_hash:
+            _later(made, "__hash__", _hash_source)
         return made
 
     return wrap if cls is None else wrap(cls)
@@ -134,3 +150,51 @@ def _stand_in(cls: type[Any]) -> None:
     __init__.__wrapped__ = generated  # type: ignore[attr-defined]  # inspect.signature reads the real one
     __init__.__qualname__ = generated.__qualname__
     cls.__init__ = __init__
+
+
+def _fields_of(self: str, fields: list[dataclasses.Field[Any]]) -> str:
+    return f"({''.join(f'{self}.{f.name},' for f in fields)})"
+
+
+def _repr_source(cls: type[Any]) -> str:
+    shown = ", ".join(f"{f.name}={{_self_.{f.name}!r}}" for f in dataclasses.fields(cls) if f.repr)
+    return f"def __repr__(_self_):\n    return _self_.__class__.__qualname__ + f'({shown})'"
+
+
+def _eq_source(cls: type[Any]) -> str:
+    compared = [f for f in dataclasses.fields(cls) if f.compare]
+    return "\n".join(
+        [
+            "def __eq__(_self_, _other_):",
+            "    if _other_.__class__ is _self_.__class__:",
+            f"        return {_fields_of('_self_', compared)} == {_fields_of('_other_', compared)}",
+            "    return NotImplemented",
+        ]
+    )
+
+
+def _hash_source(cls: type[Any]) -> str:
+    hashed = [f for f in dataclasses.fields(cls) if (f.compare if f.hash is None else f.hash)]
+    return f"def __hash__(_self_):\n    return hash({_fields_of('_self_', hashed)})"
+
+
+def _later(cls: type[Any], name: str, source_of: Callable[[type[Any]], str]) -> None:
+    """Give ``cls`` the ``name`` method dataclass would write (``repr=True``, ``eq=True`` and, frozen, the
+    fields' hash), compiled on its first call rather than at import: most classes are never printed, and
+    many never compared or hashed. The source is dataclass's own, field by field."""
+
+    def compile_now() -> Callable[..., Any]:
+        scope: dict[str, Any] = {}
+        exec(source_of(cls), scope)  # the source is made of the class's own field names only
+        method: Callable[..., Any] = scope[name]
+        if name == "__repr__":
+            method = reprlib.recursive_repr()(method)  # a field that holds the object itself: "..."
+        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        setattr(cls, name, method)
+        return method
+
+    def stand_in(self: Any, *other: Any) -> Any:  # __eq__ takes the other object, the others nothing
+        return compile_now()(self, *other)
+
+    stand_in.__qualname__ = f"{cls.__qualname__}.{name}"
+    setattr(cls, name, stand_in)

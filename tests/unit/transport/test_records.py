@@ -164,3 +164,59 @@ def test_a_class_variable_is_not_a_parameter() -> None:
     assert Message(text="hi").text == "hi" and Message.TAG == "t.message"
     with pytest.raises(TypeError):
         Message(TAG="other")  # type: ignore[call-arg]
+
+
+def test_repr_eq_and_hash_are_the_stock_dataclasses() -> None:
+    fast, stock = Fast("a", 2, ("x",)), Stock("a", 2, ("x",))
+    assert repr(fast) == repr(stock).replace("Stock", "Fast")
+    assert fast == Fast("a", 2, ("x",)) and fast != Fast("a", 3, ("x",))
+    assert fast.__eq__(stock) is NotImplemented  # another class is never equal (nor an error)
+    for obj in (fast, stock):
+        with pytest.raises(TypeError, match="unhashable type: 'list'"):
+            hash(obj)  # its list fields are hashed, as the stock class hashes them
+
+
+def test_a_classes_own_repr_eq_or_hash_is_kept_as_dataclass_keeps_it() -> None:
+    def make(decorate: Any, **methods: Any) -> Any:
+        body = {"__annotations__": {"a": "int", "b": "int"}, **methods}
+        return decorate(type("Own", (), body))
+
+    stock_dc = dataclass(frozen=True, slots=True)
+    for methods in (
+        {"__repr__": lambda self: "mine"},
+        {
+            "__eq__": lambda self, other: True
+        },  # __eq__ alone: Python sets __hash__ = None; dataclass writes one
+        {"__hash__": lambda self: 7},
+        {"__eq__": lambda self, other: True, "__hash__": lambda self: 7},
+    ):
+        fast, stock = make(frozen, **methods)(1, 2), make(stock_dc, **methods)(1, 2)
+        assert repr(fast).replace("Own", "X") == repr(stock).replace("Own", "X")
+        assert (fast == make(frozen, **methods)(1, 3)) == (stock == make(stock_dc, **methods)(1, 3))
+        assert hash(fast) == hash(stock), methods
+
+
+def test_fields_left_out_of_repr_compare_or_hash_stay_out() -> None:
+    def make(decorate: Any) -> Any:
+        body = {
+            "__annotations__": {"a": "int", "note": "str", "size": "int"},
+            "note": field(default="", repr=False, compare=False),
+            "size": field(default=0, hash=False),
+        }
+        return decorate(type("Parts", (), body))
+
+    fast_cls, stock_cls = make(frozen), make(dataclass(frozen=True, slots=True))
+    fast, stock = fast_cls(1, "n", 5), stock_cls(1, "n", 5)
+    assert repr(fast) == repr(stock) == "Parts(a=1, size=5)"
+    assert fast == fast_cls(1, "other", 5) and fast != fast_cls(1, "n", 6)
+    assert hash(fast) == hash(stock) == hash(fast_cls(1, "n", 6))
+
+
+def test_a_repr_that_reaches_its_own_object_says_so() -> None:
+    @frozen
+    class Box:
+        items: list[Any]
+
+    box = Box([])
+    box.items.append(box)
+    assert repr(box).endswith("Box(items=[...])")  # qualname: this function's local class
