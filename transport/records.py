@@ -55,13 +55,15 @@ def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
         made: type[_T] = dataclasses.dataclass(
             frozen=True, slots=True, kw_only=kw_only, repr=False, eq=False
         )(cls)
-        _stand_in(made)
+        generated = made.__dict__.get("__init__")
+        if generated is not None:
+            _later(made, "__init__", lambda: compiled_init(made, generated) or generated, wrapped=generated)
         if "__repr__" not in own:
-            _later(made, "__repr__", _repr_source)
+            _later(made, "__repr__", _compiled(made, "__repr__", _repr_source))
         if "__eq__" not in own:
-            _later(made, "__eq__", _eq_source)
+            _later(made, "__eq__", _compiled(made, "__eq__", _eq_source))
         if not keep_hash:
-            _later(made, "__hash__", _hash_source)
+            _later(made, "__hash__", _compiled(made, "__hash__", _hash_source))
         return made
 
     return wrap if cls is None else wrap(cls)
@@ -138,23 +140,9 @@ def compiled_init(cls: type[Any], generated: Callable[..., None]) -> Callable[..
     return init
 
 
-def _stand_in(cls: type[Any]) -> None:
-    generated = cls.__dict__.get("__init__")
-    if generated is None:
-        return
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is the class's __init__
-        fast = compiled_init(cls, generated) or generated
-        cls.__init__ = fast  # compiled once; later builds call it directly
-        fast(self, *args, **kwargs)
-
-    __init__.__wrapped__ = generated  # type: ignore[attr-defined]  # inspect.signature reads the real one
-    __init__.__qualname__ = generated.__qualname__
-    cls.__init__ = __init__
-
-
-def _fields_of(self: str, fields: list[dataclasses.Field[Any]]) -> str:
-    return f"({''.join(f'{self}.{f.name},' for f in fields)})"
+def _fields_of(obj: str, fields: list[dataclasses.Field[Any]]) -> str:
+    """The source of the tuple of ``fields`` read off the variable ``obj``: ``(obj.a,obj.b,)``."""
+    return f"({''.join(f'{obj}.{f.name},' for f in fields)})"
 
 
 def _repr_source(cls: type[Any]) -> str:
@@ -179,23 +167,32 @@ def _hash_source(cls: type[Any]) -> str:
     return f"def __hash__(_self_):\n    return hash({_fields_of('_self_', hashed)})"
 
 
-def _later(cls: type[Any], name: str, source_of: Callable[[type[Any]], str]) -> None:
-    """Give ``cls`` the ``name`` method dataclass would write (``repr=True``, ``eq=True`` and, frozen, the
-    fields' hash), compiled on its first call rather than at import: most classes are never printed, and
-    many never compared or hashed. The source is dataclass's own, field by field."""
+def _compiled(cls: type[Any], name: str, source_of: Callable[[type[Any]], str]) -> Callable[[], Any]:
+    """The maker of the ``name`` method dataclass would write for ``cls`` (``repr=True``, ``eq=True`` and,
+    frozen, the fields' hash), from dataclass's own source, field by field."""
 
-    def compile_now() -> Callable[..., Any]:
+    def make() -> Callable[..., Any]:
         scope: dict[str, Any] = {}
         exec(source_of(cls), scope)  # the source is made of the class's own field names only
         method: Callable[..., Any] = scope[name]
         if name == "__repr__":
             method = reprlib.recursive_repr()(method)  # a field that holds the object itself: "..."
         method.__qualname__ = f"{cls.__qualname__}.{name}"
-        setattr(cls, name, method)
         return method
 
-    def stand_in(self: Any, *other: Any) -> Any:  # __eq__ takes the other object, the others nothing
-        return compile_now()(self, *other)
+    return make
+
+
+def _later(cls: type[Any], name: str, make: Callable[[], Callable[..., Any]], wrapped: Any = None) -> None:
+    """Give ``cls`` a stand-in ``name`` method that, on its first call, makes the real one, installs it on
+    ``cls`` (later calls go straight to it) and calls it. ``wrapped``: what ``inspect.signature`` reads."""
+
+    def stand_in(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = make()
+        setattr(cls, name, method)
+        return method(self, *args, **kwargs)
 
     stand_in.__qualname__ = f"{cls.__qualname__}.{name}"
+    if wrapped is not None:
+        stand_in.__wrapped__ = wrapped  # type: ignore[attr-defined]
     setattr(cls, name, stand_in)
