@@ -39,6 +39,7 @@ from transport.errors import (
 )
 from transport.messages import ErrorReply  # the bodies sit below the codec that encodes them
 from transport.messages import JsonValue as JsonValue  # re-exported: where the layers above import it
+from transport.records import direct_setters
 
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
@@ -454,6 +455,7 @@ class Registry:
         self._plans: dict[type[Any], tuple[tuple[str, frozenset[type[Any]], Converter], ...]] = {}
         self._packers = threading.local()  # see encode_header
         self._bodies: dict[type[Any], Callable[[Any], dict[str, Any]]] = {}  # encode's, made on first use
+        self._decoders: dict[str, Callable[[bytes], Any]] = {}  # decode's, per kind, made on first use
         for cls in types_:
             self._add(cls)
         for cls in self._by_tag.values():
@@ -582,21 +584,90 @@ class Registry:
         """Decode one untrusted body frame for header kind ``kind``; every failure is ProtocolError."""
         if len(frame) > self.max_body_bytes:
             raise ProtocolError(f"body of {len(frame)} bytes exceeds {self.max_body_bytes}")
-        cls = self._by_tag.get(kind)
-        if cls is None:
-            raise ProtocolError(f"unknown message kind {kind!r}")
-        try:
-            raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, ext_hook=_body_ext)
-        except ProtocolError:
-            raise
-        except Exception as exc:  # msgpack documents non-UnpackException failures too
-            raise ProtocolError(f"undecodable {kind} body: {type(exc).__name__}: {exc}") from exc
+        decoder = self._decoders.get(kind)
+        if decoder is None:
+            decoder = self._decoder_of(kind)
+        return decoder(frame)
+
+    def _decode_map(self, cls: type[Any], kind: str, raw: Any) -> Any:
+        """``decode``'s full walk of an unpacked body: any shape, every check, every error message."""
         if not isinstance(raw, dict):
             raise ProtocolError(f"{kind} body is a {type(raw).__name__}, not a map")
         try:
             return self._build(cls, raw, 0)
         except _Bad as exc:
             raise ProtocolError(f"bad {kind} body: {exc}") from None
+
+    def _decoder_of(self, kind: str) -> Callable[[bytes], Any]:
+        """``decode``'s function for one kind, written out field by field (compiled on its first decode, as
+        ``_body_of`` is): the body unpacked, and when it is a map of exactly the class's fields (what every
+        kbus sender sends), each value checked by an exact-type test, converted only when that fails, and
+        the message built from them; any other shape takes ``_decode_map``'s walk. Errors are ``_build``'s,
+        word for word."""
+        cls = self._by_tag.get(kind)
+        if cls is None:
+            raise ProtocolError(f"unknown message kind {kind!r}")
+        plan = self._plans[cls]
+        scope: dict[str, Any] = {
+            "_unpackb_": msgpack.unpackb,
+            "_ext_": _body_ext,
+            "_PE_": ProtocolError,
+            "_Bad_": _Bad,
+            "_A_": _ABSENT,
+            "_kind_": kind,
+            "_slow_": functools.partial(self._decode_map, cls, kind),
+            "_cls_": cls,
+            "_new_": object.__new__,
+        }
+        names = [name for name, _, _ in plan]
+        values = [f"_v{i}_" for i in range(len(plan))]
+        lines = [
+            "def decode(_f_):",
+            "    try:",
+            "        _r_ = _unpackb_(_f_, raw=False, strict_map_key=True, ext_hook=_ext_)",
+            "    except _PE_:",
+            "        raise",
+            "    except Exception as _e_:  # msgpack documents non-UnpackException failures too",
+            "        raise _PE_(f'undecodable {_kind_} body: {type(_e_).__name__}: {_e_}') from _e_",
+            f"    if type(_r_) is not dict or len(_r_) != {len(plan)}:",
+            "        return _slow_(_r_)",
+        ]
+        lines += [f"    {v} = _r_.get({name!r}, _A_)" for v, name in zip(values, names, strict=True)]
+        if values:
+            lines += [f"    if {' or '.join(f'{v} is _A_' for v in values)}:", "        return _slow_(_r_)"]
+        for i, (name, fast, conv) in enumerate(plan):
+            scope[f"_c{i}_"] = conv
+            scope[f"_t{i}_"] = next(iter(fast)) if len(fast) == 1 else fast
+            convert = [
+                "try:",
+                f"    _v{i}_ = _c{i}_(_v{i}_, 1)",
+                "except _Bad_ as _e_:",
+                f"    raise _PE_(f'bad {{_kind_}} body: {name}: {{_e_}}') from None",
+            ]
+            if fast:  # a value of an exact type the converter returns unchanged skips the call
+                lines.append(f"    if type(_v{i}_) {'is not' if len(fast) == 1 else 'not in'} _t{i}_:")
+                lines += [f"        {line}" for line in convert]
+            else:
+                lines += [f"    {line}" for line in convert]
+        slot_setters = direct_setters(cls)
+        if slot_setters is not None:  # what the class's own __init__ would do with every field given
+            lines.append("    _o_ = _new_(_cls_)")
+            for i, setter in enumerate(slot_setters):
+                scope[f"_s{i}_"] = setter
+                lines.append(f"    _s{i}_(_o_, _v{i}_)")
+            lines.append("    return _o_")
+        else:
+            arguments = ", ".join(f"{name}={v}" for name, v in zip(names, values, strict=True))
+            lines += [
+                "    try:",
+                f"        return _cls_({arguments})",
+                "    except (TypeError, ValueError) as _e_:  # __post_init__ validation of the class itself",
+                "        raise _PE_(f'bad {_kind_} body: {_e_}') from None",
+            ]
+        exec("\n".join(lines), scope)  # made of the class's own field names only
+        decoder: Callable[[bytes], Any] = scope["decode"]
+        self._decoders[kind] = decoder
+        return decoder
 
     def _build(self, cls: type[Any], raw: dict[str, Any], depth: int) -> Any:
         plan = self._plans.get(cls)

@@ -32,6 +32,7 @@ _T = TypeVar("_T")
 _Setter = Callable[[Any, Any], None]
 _SETTERS: dict[type[Any], tuple[_Setter, ...] | None] = {}
 _FACTORY = object()  # a default_factory field's parameter default: "not given, call the factory"
+_MADE: set[type[Any]] = set()  # classes ``frozen`` made that do not write their own __init__
 
 
 @overload
@@ -52,11 +53,14 @@ def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
         # What dataclass would leave to the class (its own __repr__, __eq__, an explicit __hash__: a class
         # that writes __eq__ alone has __hash__ = None put in by Python, which is not explicit).
         keep_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
+        own_init = "__init__" in own  # read first: dataclass writes one into the class it is given
         made: type[_T] = dataclasses.dataclass(
             frozen=True, slots=True, kw_only=kw_only, repr=False, eq=False
         )(cls)
         generated = made.__dict__.get("__init__")
-        if generated is not None:
+        if not own_init:  # dataclass keeps a class's own __init__, and so does frozen
+            _MADE.add(made)
+        if generated is not None and not own_init:
             _later(made, "__init__", lambda: compiled_init(made, generated) or generated, wrapped=generated)
         if "__repr__" not in own:
             _later(made, "__repr__", _compiled(made, "__repr__", _repr_source))
@@ -88,6 +92,17 @@ def setters(cls: type[Any]) -> tuple[_Setter, ...] | None:
             return None
     _SETTERS[cls] = result = tuple(out)
     return result
+
+
+def direct_setters(cls: type[Any]) -> tuple[_Setter, ...] | None:
+    """The slot setters of ``cls``'s fields when building it from a value for every field is only setting
+    each one (``Registry.decode`` then fills a new object itself): a class ``frozen`` made, that writes no
+    ``__init__`` of its own, has no ``__post_init__`` and no ``init=False`` field. Else None."""
+    if cls not in _MADE or hasattr(cls, "__post_init__"):
+        return None
+    if not all(field.init for field in dataclasses.fields(cls)):
+        return None
+    return setters(cls)
 
 
 def compiled_init(cls: type[Any], generated: Callable[..., None]) -> Callable[..., None] | None:

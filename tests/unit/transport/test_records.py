@@ -16,7 +16,7 @@ import pytest
 import actors
 import transport
 from actors.types import evolve
-from transport.records import compiled_init, frozen
+from transport.records import compiled_init, direct_setters, frozen
 
 
 def _body(**extra: Any) -> dict[str, Any]:
@@ -220,3 +220,46 @@ def test_a_repr_that_reaches_its_own_object_says_so() -> None:
     box = Box([])
     box.items.append(box)
     assert repr(box).endswith("Box(items=[...])")  # qualname: this function's local class
+
+
+def test_direct_setters_only_where_building_is_setting_each_field() -> None:
+    """``Registry.decode`` fills a new object through these setters itself: only for a class whose
+    building from every field's value does nothing else."""
+
+    @frozen
+    class Plain:
+        a: int
+        b: str = ""
+
+    @frozen
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError("a < 0")
+
+    @frozen
+    class Derived:
+        a: int
+        b: int = field(default=0, init=False)
+
+    @frozen
+    class OwnInit:
+        a: int
+
+        def __init__(self, a: int) -> None:
+            object.__setattr__(self, "a", a * 2)
+
+    @dataclass(frozen=True, slots=True)
+    class Stock:
+        a: int
+
+    setters = direct_setters(Plain)
+    assert setters is not None and len(setters) == 2
+    made = object.__new__(Plain)
+    for setter, value in zip(setters, (1, "x"), strict=True):
+        setter(made, value)
+    assert made == Plain(1, "x")
+    assert [direct_setters(c) for c in (Checked, Derived, OwnInit, Stock)] == [None] * 4
+    assert OwnInit(2).a == 4  # its own __init__ is kept
