@@ -4,7 +4,7 @@ Started by scripts/bench as ``[sys.executable, "-P", "scripts/bench_server.py", 
 
 - raw REP echo servers (ipc, plain tcp, CURVE tcp) that unpack and repack each msgpack message;
 - raw PULL sinks (ipc, tcp) that unpack and count each message, each with a REP socket answering its count;
-- bus node ``srv`` (ipc + plain tcp) with the built-in echo actor and a ``SinkActor``;
+- bus node ``srv`` (ipc + plain tcp) with the built-in echo actor, a ``SinkActor`` and a ``DirectSinkActor``;
 - bus node ``srv`` (CURVE tcp, ZAP allowlist holding the bench client's key) with the echo actor.
 
 Prints one line ``READY {json}`` with every endpoint once bound, then serves until SIGTERM/SIGINT or until
@@ -186,6 +186,13 @@ class SinkActor(BusActor):
         raise TypeError(f"sink does not answer {type(message).__name__}")
 
 
+class DirectSinkActor(SinkActor):
+    """``SinkActor`` on a socket of its own (``DIRECT``): a peer's tells reach its thread with no I/O-thread
+    hand-off, as the raw PULL socket's reach the thread that owns it."""
+
+    DIRECT = True
+
+
 # ------------------------------------------------------------------------------------------ raw servers
 def _in_thread(
     ctx: zmq.Context[Any],
@@ -287,6 +294,7 @@ def main() -> int:
         nodes.append(plain)
         plain.spawn(EchoActor, "echo")
         plain.spawn(SinkActor, "sink")
+        plain.spawn(DirectSinkActor, "sink.direct")
         plain.spawn(RouterActor, "router", providers={"scripted": BenchScripted()})
         plain.spawn(HostActor, "host", host=BenchHost())
         tool_host = BenchToolHost()

@@ -49,7 +49,9 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     for t in TPUT:
         _positive(report, "throughput", "raw", t)
         _positive(report, "throughput", "bus", t)
+        _positive(report, "throughput", "direct", t)  # the sink on a socket of its own
         _positive(report, "throughput_ratio", t)
+        _positive(report, "throughput_ratio_direct", t)
         delivery = report["bus_delivery"][t]
         assert delivery["delivered"] + delivery["dropped"] == delivery["sent"], delivery
     _positive(report, "session", "us_per_round")
