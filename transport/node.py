@@ -90,6 +90,8 @@ _SEQ_TRACKED = 4096  # (src, dst) pairs whose sequence numbers are remembered fo
 _SEQ_SENDERS = 16384  # (src, dst) pairs a thread numbers its sends for
 _SEQ_FLOWS = frozenset(("ask", "stream", "tell"))  # the flows that carry a per-(src, dst) sequence number
 MAX_HELD = 256  # tells a plain thread's channel holds for one batch frame at most (see _channel_tell)
+_HELD_SLOTS = 3 * MAX_HELD  # Channel.held is flat: id, kind, body per tell
+_NO_LANES: dict[str, Any] = {}  # a thread that has no lanes yet (read only)
 TELL_LINGER = 0.001  # seconds: a tell this soon after the previous one on its channel is held
 _new_header: Callable[[type[Header], tuple[Any, ...]], Header] = tuple.__new__
 
@@ -125,7 +127,7 @@ class _Lane:
     """A plain thread's way to one actor it has told before: the channel its tells take, cached (one per
     thread and destination; see ``Node._hold``)."""
 
-    __slots__ = ("channel", "direct", "dst", "peer", "seqs", "src")
+    __slots__ = ("channel", "direct", "dst", "key", "peer", "seqs", "src")
 
     def __init__(
         self,
@@ -141,6 +143,7 @@ class _Lane:
         self.direct = direct
         self.src = src
         self.dst = dst
+        self.key = (src, dst)  # its entry in seqs
         self.seqs = seqs  # the thread's own per-(src, dst) numbering (Node._next_seq)
 
     def usable(self, peers: dict[str, Peer]) -> bool:
@@ -231,6 +234,7 @@ class Node:
             raise ValueError(f"not a node name: {name!r}")
         self.name = name
         self.registry = registry or Registry(SYSTEM_MESSAGES)
+        self._batch_bytes = self.registry.max_body_bytes // 2  # what a batch of held tells may carry
         self.security = security or Security()
         self.options = options or SocketOptions(max_message_bytes=self.registry.max_body_bytes + 65536)
         self.context: Ctx = context or zmq.Context.instance()
@@ -807,11 +811,9 @@ class Node:
         ``on_tell_error``); delivery failures known at once are reported the same way."""
         if src is None and not fields:
             # A plain thread's next tell on a lane it has used: straight to its channel (see _hold).
-            lanes: dict[str, _Lane] | None = getattr(self._tls, "lanes", None)
-            if lanes is not None:
-                lane = lanes.get(dst)
-                if lane is not None and self._running and lane.usable(self._peers):
-                    return self._hold(lane, message)
+            lane = getattr(self._tls, "lanes", _NO_LANES).get(dst)
+            if lane is not None and self._running and lane.usable(self._peers):
+                return self._hold(lane, message)
         if src is None and current_actor() is None and self._running:
             peer = self._peers.get(node_of(dst))
             if peer is not None and peer.name != self.name:
@@ -846,17 +848,16 @@ class Node:
         once. Order and per-(src, dst) ``seq`` are those of the calls; capture records each tell."""
         now = self.monotonic()
         channel = lane.channel
-        registry = self.registry
-        body = registry.encode(message)  # raises for what is not a registered message
+        body = self.registry.encode(message)  # raises for what is not a registered message
         kind: str = message.TAG
         dst = lane.dst
         with channel.lock:
             head = channel.held_head
+            # held_bytes counts each held tell's body, kind and BATCH_ITEM_OVERHEAD: the batch body's bound.
             if head is not None and (
                 head.dst != dst
-                or len(channel.held) >= 3 * MAX_HELD
-                or channel.held_bytes + len(body) + BATCH_ITEM_OVERHEAD * (len(channel.held) // 3 + 1)
-                > registry.max_body_bytes // 2
+                or len(channel.held) >= _HELD_SLOTS
+                or channel.held_bytes + len(body) + BATCH_ITEM_OVERHEAD > self._batch_bytes
             ):
                 self._flush_held(channel)
                 head = None
@@ -871,13 +872,12 @@ class Node:
                     channel.flush_due = True
                     self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
             else:
-                key = (lane.src, dst)
                 seqs = lane.seqs
-                seq = seqs.get(key, 0) + 1
-                seqs[key] = seq
+                seq = seqs.get(lane.key, 0) + 1
+                seqs[lane.key] = seq
                 tell_id = self.ids()
                 channel.held += (tell_id, kind, body)
-                channel.held_bytes += len(body) + len(kind)
+                channel.held_bytes += len(body) + len(kind) + BATCH_ITEM_OVERHEAD
                 if self.capture is None:
                     return tell_id
                 # The header split_batch rebuilds for it on the far side: the first held tell's slots.

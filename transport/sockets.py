@@ -19,7 +19,14 @@ import zmq
 from zmq.backend import zmq_poll as _zmq_poll
 from zmq.utils.monitor import recv_monitor_message
 
-from transport.codec import BATCH_TAG, Registry, decode_header, encode_batch_body, encode_header
+from transport.codec import (
+    BATCH_ITEM_OVERHEAD,
+    BATCH_TAG,
+    Registry,
+    decode_header,
+    encode_batch_body,
+    encode_header,
+)
 from transport.envelope import Header, node_of
 from transport.errors import BusError, Expired, NotDelivered, ProtocolError, Unavailable
 from transport.messages import ErrorReply
@@ -265,7 +272,7 @@ class Channel:
         if self.held_head is None:
             self.held_head = header
         self.held += (header.id, header.kind, body)
-        self.held_bytes += len(body) + len(header.kind)
+        self.held_bytes += len(body) + len(header.kind) + BATCH_ITEM_OVERHEAD  # Node._hold's bound
 
     def flush_held(self, batch_id: bytes) -> tuple[list[bytes], BusError | None]:
         """Send what is held (under ``lock``): one tell as it is, more as one ``sys.batch`` frame with id

@@ -93,6 +93,28 @@ def test_a_burst_arrives_whole_in_order_with_its_seq_mb05(
     assert counters.get("malformed_batches", 0) == 0
 
 
+def test_a_burst_of_large_tells_leaves_in_batches_within_the_body_limit_mb05(
+    make_node: Callable[..., Node], spawn_peer: Callable[..., PeerProcess], ipc_dir: Path
+) -> None:
+    """MB-05 and the limits: 40 tells of 60,000 bytes each (2.4 MB, far past one body's 1 MiB limit) from
+    one thread: the sender cuts the burst into batches by their bytes, not only by their count, so every
+    batch is taken, and all 40 arrive in order."""
+    _, link = _server(spawn_peer, ipc_dir)
+    client = _client(make_node, link)
+    errors: list[BusError] = []
+    client.on_tell_error(lambda error, _id: errors.append(error))
+    payload = b"x" * 60_000
+    for i in range(40):
+        client.tell("srv/rec", Echo(payload=payload, seq=i))
+    assert _dump(client, "rec") == list(range(40))
+    assert errors == []
+    # Half the body limit per batch: 2.4 MB cannot leave in fewer than five.
+    assert client.stats["tell_batches_sent"] >= 5
+    counters = _server_counters(client)
+    assert counters["tell_batches_received"] == client.stats["tell_batches_sent"]
+    assert counters.get("malformed_batches", 0) == 0
+
+
 @pytest.mark.parametrize("actor", ["rec", "nrec"])
 def test_interleaved_senders_each_keep_their_order_mb05(
     actor: str, make_node: Callable[..., Node], spawn_peer: Callable[..., PeerProcess], ipc_dir: Path
