@@ -434,7 +434,8 @@ class Registry:
     """The explicit table of message classes (tag -> class) and error classes a node speaks.
 
     Built from tuples the layers list by hand; nothing registers itself at import time. Each class's
-    fields are compiled once into converters, so decoding is a table walk, not reflection per frame.
+    fields are compiled once into converters, so decoding is a table walk, not reflection per frame; on
+    its first decode, each kind's walk is written out as a function of its own (``_decoder_of``).
     """
 
     def __init__(
