@@ -59,10 +59,9 @@ def frozen(cls: type[_T] | None = None, /, *, kw_only: bool = False) -> Any:
         made: type[_T] = dataclasses.dataclass(
             frozen=True, slots=True, kw_only=kw_only, repr=False, eq=False
         )(cls)
-        generated = made.__dict__.get("__init__")
         if not own_init:  # dataclass keeps a class's own __init__, and so does frozen
             _MADE.add(made)
-        if generated is not None and not own_init:
+            generated = made.__dict__["__init__"]
             _later(made, "__init__", lambda: compiled_init(made, generated) or generated, wrapped=generated)
         if "__repr__" not in own:
             _later(made, "__repr__", _compiled(made, "__repr__", _repr_source))
