@@ -10,6 +10,7 @@ import functools
 import itertools
 import os
 import re
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 from transport.records import frozen
@@ -26,21 +27,20 @@ _NODE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _PART_RE = re.compile(r"[A-Za-z0-9_.:@+-]{1,128}")
 
 
-class IdSource:
-    """Message ids: 8 random bytes per source, then a counter. Unique across processes and hosts without
-    coordination, and no system call per message (os.urandom per send showed in the round-trip time)."""
+def id_source() -> Callable[[], bytes]:
+    """A source of message ids: 8 random bytes, then a counter. Unique across processes and hosts without
+    coordination, and no system call per message (os.urandom per send showed in the round-trip time).
 
-    __slots__ = ("_count", "_prefix")
+    Every message takes one, so it is C calls only (60 ns here, against 123 for the same as a Python
+    method): ``next`` of a ``map`` of ``int.to_bytes`` over a counter, which runs no Python code, so no
+    other thread can come between a number and its bytes."""
+    prefix = int.from_bytes(os.urandom(8), "big") << 64
+    numbers = itertools.count(prefix | 1)
+    big: itertools.repeat[Literal["big"]] = itertools.repeat("big")
+    return functools.partial(next, map(int.to_bytes, numbers, itertools.repeat(16), big))
 
-    def __init__(self) -> None:
-        self._prefix = int.from_bytes(os.urandom(8), "big") << 64
-        self._count = itertools.count(1)  # next() on itertools.count is atomic under the GIL
 
-    def __call__(self) -> bytes:
-        return (self._prefix | next(self._count)).to_bytes(16, "big")
-
-
-new_id = IdSource()
+new_id = id_source()
 
 
 @frozen

@@ -285,7 +285,7 @@ def describe_record(record: Any) -> dict[str, Any]:
 
 
 def _short(hex_id: str) -> str:
-    # Ids are a per-sender random prefix plus a counter (transport.envelope.IdSource): show a bit of both.
+    # Ids are a per-sender random prefix plus a counter (transport.envelope.id_source): show a bit of both.
     return f"{hex_id[:4]}..{hex_id[-6:]}"
 
 
