@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from actors.errors import KbusError
 from transport.codec import JsonValue
 from transport.errors import BusError, NotDelivered, Unavailable
-from transport.records import frozen, setters
+from transport.records import direct_setters, frozen
 
 CALL_KTOOL = "call_ktool"  # the one native tool every provider path declares (RT-04)
 
@@ -27,8 +27,8 @@ _EVOLVERS: dict[type[Any], Callable[..., Any]] = {}
 
 def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace(obj, **changes)`` for the frozen states an actor replaces on every message:
-    the same new object, made by a function written once per class. For a class without ``__post_init__``
-    (and without ``init=False`` fields) it sets each field as the generated ``__init__`` would, without the
+    the same new object, made by a function written once per class. Where building the class is only
+    setting each field (``transport.records.direct_setters``) it calls each slot's own setter, without the
     keyword call; for any other class it calls the class. About half of replace's cost."""
     cls = type(obj)
     make = _EVOLVERS.get(cls)
@@ -38,31 +38,18 @@ def evolve(obj: _T, /, **changes: Any) -> _T:
 
 
 def _evolver(cls: type[Any]) -> Callable[..., Any]:
-    fields = dataclasses.fields(cls)
-    names = [f.name for f in fields if f.init]
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
     params = "".join(f", {name}=_unchanged_" for name in names)
     values = [f"_obj_.{name} if {name} is _unchanged_ else {name}" for name in names]
-    slot_setters = None
-    if hasattr(cls, "__post_init__") or len(names) != len(fields):
+    scope: dict[str, Any] = {"_cls_": cls, "_unchanged_": _UNCHANGED, "_make_": object.__new__}
+    slot_setters = direct_setters(cls)
+    if slot_setters is None:
         body = ["    return _cls_(" + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)) + ")"]
     else:
-        slot_setters = setters(cls)  # each slot's own setter, no look-up by name (transport/records.py)
-        body = ["    _new_ = _make_(_cls_)"]
-        for i, (name, value) in enumerate(zip(names, values, strict=True)):
-            body.append(
-                f"    _set{i}_(_new_, {value})" if slot_setters else f"    _set_(_new_, {name!r}, {value})"
-            )
-        body.append("    return _new_")
-    source = "\n".join([f"def evolve(_obj_, /, *{params}):", *body])
-    scope: dict[str, Any] = {
-        "_cls_": cls,
-        "_unchanged_": _UNCHANGED,
-        "_make_": object.__new__,
-        "_set_": object.__setattr__,
-    }
-    if slot_setters:
         scope.update((f"_set{i}_", setter) for i, setter in enumerate(slot_setters))
-    exec(source, scope)  # the source is made of the class's own field names only
+        body = ["    _new_ = _make_(_cls_)", *(f"    _set{i}_(_new_, {v})" for i, v in enumerate(values))]
+        body.append("    return _new_")
+    exec("\n".join([f"def evolve(_obj_, /, *{params}):", *body]), scope)  # the class's field names only
     return scope["evolve"]  # type: ignore[no-any-return]
 
 

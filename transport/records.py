@@ -17,8 +17,8 @@ some four hundred classes and never prints, compares or even builds most of them
 by about a fifth here. The classes' ``__dataclass_params__`` say ``repr=False, eq=False``; the methods are
 there all the same.) A class the fast ``__init__`` cannot serve (a field that is not a slot, an
 ``InitVar``) keeps the generated one, and so does a class that writes its own ``__init__`` (dataclass
-keeps it too). ``setters(cls)`` gives ``actors.types.evolve`` the same setters; ``direct_setters(cls)``
-gives them to ``Registry.decode`` for the classes whose building is only the setting of every field.
+keeps it too). ``direct_setters(cls)`` gives the same setters to ``Registry.decode`` and
+``actors.types.evolve``, for the classes whose building is only the setting of every field.
 """
 
 from __future__ import annotations
