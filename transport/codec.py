@@ -16,7 +16,6 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import itertools
 import math
 import threading
 import types
@@ -27,7 +26,7 @@ from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin, get_t
 
 import msgpack
 
-from transport.envelope import FLOWS, FORMAT_VERSION, Header, Inbound, Route, is_address
+from transport.envelope import FLOWS, FORMAT_VERSION, Header, Route, TellBatch, is_address
 from transport.errors import (
     BusError,
     ErrorRegistry,
@@ -192,11 +191,12 @@ def encode_batch_body(items: list[Any]) -> bytes:
 
 def split_batch(
     header: Header, body: bytes, route: Route | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
-) -> list[Inbound]:
-    """The tells of a batch frame whose ``header`` was admitted already, in order, each as the ``Inbound``
-    an actor's mailbox takes (with ``route``): its header is the batch header with the tell's own id,
-    kind and seq. Every failure is a ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body
-    past ``max_body_bytes``, or more than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
+) -> TellBatch:
+    """The tells of a batch frame whose ``header`` was admitted already, in order, as the ``TellBatch``
+    an actor's mailbox takes (with ``route``; each tell's ``Inbound`` is made as the actor takes it). The
+    whole batch is checked here, so nothing of a bad one is delivered. Every failure is a
+    ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body past ``max_body_bytes``, or more
+    than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
     if header.flow != "tell":
         raise ProtocolError(f"a {BATCH_TAG} frame has flow tell, not {header.flow!r}")
     if len(body) > max_body_bytes:
@@ -242,15 +242,7 @@ def split_batch(
                 raise ProtocolError(f"{BATCH_TAG} item {i}: id (bin 16), kind (str), body (bin) expected")
             if kind == BATCH_TAG:
                 raise ProtocolError(f"{BATCH_TAG} item {i}: a batch inside a batch")
-    src, dst, flow, ts, seq = header[2:7]
-    seqs = range(seq, seq + len(ids)) if seq else itertools.repeat(0, len(ids))
-    # Column-wise, in C loops (zip, map): the batch header's slots repeated, each tell's own id, kind and
-    # seq; a Python loop building the same tuples cost a fifth more per tell.
-    again = itertools.repeat
-    columns = (ids, kinds, again(src), again(dst), again(flow), again(ts), seqs, *map(again, header[7:]))
-    headers = map(functools.partial(_new_tuple, Header), zip(*columns, strict=False))  # repeats: endless
-    inbound = zip(headers, bodies, again(route), again(None), strict=False)
-    return list(map(functools.partial(_new_tuple, Inbound), inbound))
+    return TellBatch(header, ids, kinds, bodies, route)
 
 
 _BYTES = frozenset((bytes,))

@@ -42,7 +42,7 @@ from zmq.backend import zmq_poll
 
 from transport.affinity import park, unpark
 from transport.codec import BATCH_TAG
-from transport.envelope import Header, Inbound, InboundBatch
+from transport.envelope import Header, Inbound
 from transport.errors import BusError, NotDelivered, ProtocolError
 from transport.messages import Resolve, Resolved
 from transport.node import pick_direct
@@ -253,7 +253,7 @@ class SocketInbox:
         route = ("self", parts[0], self)
         if header.kind == BATCH_TAG:
             tells = node.split_tells(header, parts[3], route, self._seq_seen)
-            return None if tells is None else Envelope(InboundBatch(tells))
+            return None if tells is None else Envelope(tells)
         return Envelope(Inbound(header, parts[3], route))
 
     # ------------------------------------------------------------------------------- lanes

@@ -25,7 +25,7 @@ import zmq
 
 from transport.affinity import park, unpark
 from transport.codec import BATCH_TAG, Registry, encode_header
-from transport.envelope import REPLY_FLOWS, Flow, Header, Inbound, Route, node_of
+from transport.envelope import REPLY_FLOWS, Flow, Header, Inbound, Route, TellBatch, node_of
 from transport.errors import BusError, NotDelivered, ProtocolError, Unavailable
 from transport.logs import LogLimiter
 from transport.messages import ErrorReply, Hello, NodeStats, Resolve, Resolved, StatsQuery
@@ -86,7 +86,7 @@ class IoHost(Protocol):
         self, header: Header, body: bytes, route: Route | None = None, *, message: Any = None
     ) -> None: ...
 
-    def deliver_batch(self, actor_key: str, ref: Any, batch: list[Inbound]) -> None: ...
+    def deliver_batch(self, actor_key: str, ref: Any, batch: list[Inbound | TellBatch]) -> None: ...
 
     def split_tells(
         self,
@@ -94,7 +94,7 @@ class IoHost(Protocol):
         body: bytes,
         route: Route | None,
         seq_seen: OrderedDict[tuple[str, str], int],
-    ) -> list[Inbound] | None: ...
+    ) -> TellBatch | None: ...
 
     def fail_send(self, header: Header, error: BusError, route: Route | None = None) -> None: ...
 
@@ -126,7 +126,7 @@ class IoThread(threading.Thread):
         self.routes: dict[str, Route] = {}  # node name -> way back over an inbound connection
         self.seq_seen: OrderedDict[tuple[str, str], int] = OrderedDict()
         # Messages for one actor read in this wake-up, not yet in its mailbox (see _deliver).
-        self._batch: list[Inbound] = []
+        self._batch: list[Inbound | TellBatch] = []
         self._batch_ref: Any = None
         self._batch_key = ""
         self._prefix = f"{node.name}/"  # addresses of this node's actors start so
@@ -323,7 +323,7 @@ class IoThread(threading.Thread):
                 if ref is not self._batch_ref:
                     self._flush()
                     self._batch_ref, self._batch_key = ref, actor_key
-                self._batch += tells
+                self._batch.append(tells)
                 return
         for tell in tells:
             self._route_header(tell.header, tell.body, route)
@@ -370,7 +370,7 @@ class IoThread(threading.Thread):
         if batch:
             ref, key = self._batch_ref, self._batch_key
             self._batch, self._batch_ref = [], None
-            self.node.stats.incr("hops_to_actor", len(batch))
+            self.node.stats.incr("hops_to_actor", sum(1 if type(p) is Inbound else len(p) for p in batch))
             self.node.deliver_batch(key, ref, batch)
 
     def _resolve(self, header: Header, body: bytes, route: Route) -> None:

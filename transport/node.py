@@ -51,6 +51,7 @@ from transport.envelope import (
     Inbound,
     InboundBatch,
     Route,
+    TellBatch,
     is_node_name,
     new_id,
     node_of,
@@ -1113,14 +1114,14 @@ class Node:
             self.unregister(actor_key, ref)
             self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), route)
 
-    def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound]) -> None:
+    def deliver_batch(self, actor_key: str, ref: ActorRefLike, batch: list[Inbound | TellBatch]) -> None:
         """Put messages that arrived together for one actor into its mailbox as one item (the actor's
         class takes ``InboundBatch``); if it has stopped, each one fails as ``deliver_local`` fails it."""
         try:
             ref.tell(batch[0] if len(batch) == 1 else InboundBatch(batch))
         except Exception:  # noqa: BLE001 - pykka.ActorDeadError: it stopped between lookup and tell
             self.unregister(actor_key, ref)
-            for inbound in batch:
+            for inbound in InboundBatch(batch):
                 header = inbound.header
                 self.fail_send(header, NotDelivered(f"actor {header.dst} has stopped"), inbound.route)
 
@@ -1197,8 +1198,8 @@ class Node:
         body: bytes,
         route: Route | None,
         seq_seen: OrderedDict[tuple[str, str], int],
-    ) -> list[Inbound] | None:
-        """The tells of an admitted ``sys.batch`` frame, in order, as mailbox items (see
+    ) -> TellBatch | None:
+        """The tells of an admitted ``sys.batch`` frame, in order, as one mailbox item (see
         ``codec.split_batch``), its last ``seq`` remembered for gap detection. A malformed or oversized
         batch is counted (``malformed_batches``) and answered to its sender as one error tell whose
         ``corr`` is the batch's id; None then (nothing of it is delivered)."""

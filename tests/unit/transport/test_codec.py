@@ -1065,12 +1065,14 @@ def test_a_batch_splits_into_each_tells_own_header_and_the_batchs_other_slots() 
     batch = Header(b"B" * 16, BATCH_TAG, "n1/client.1", "n2/sink", "tell", 7.5, 40, None, None, "conv",
                    "turn", None, 1, None, "auth", FORMAT_VERSION)  # fmt: skip
     route = ("peer", b"identity")
-    got = split_batch(batch, body, route)
+    tells = split_batch(batch, body, route)
+    got = list(tells)
     want = [
         Inbound(batch._replace(id=i, kind=k, seq=40 + n), b, route, None)
         for n, (i, k, b) in enumerate(zip(ids, kinds, bodies, strict=True))
     ]
     assert got == want
     assert all(type(x) is Inbound and type(x.header) is Header for x in got)
-    unsequenced = split_batch(batch._replace(seq=0), body, route)
+    assert list(tells) == got  # made again on each iteration, the same
+    unsequenced = list(split_batch(batch._replace(seq=0), body, route))
     assert [x.header.seq for x in unsequenced] == [0, 0, 0]

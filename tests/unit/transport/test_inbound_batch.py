@@ -18,8 +18,8 @@ import zmq
 
 from actors.base import BusActor, Context
 from transport import Node
-from transport.codec import decode_header, encode_header
-from transport.envelope import Header, Inbound, InboundBatch, new_id
+from transport.codec import BATCH_TAG, decode_header, encode_batch_body, encode_header, split_batch
+from transport.envelope import Header, Inbound, InboundBatch, TellBatch, new_id
 from transport.errors import BusError, NotDelivered, ProtocolError
 from transport.messages import Echo, Hello
 
@@ -88,6 +88,55 @@ def test_a_batch_for_a_stopped_actor_fails_every_message(make_node: Callable[...
     assert all(type(error) is NotDelivered for error, _ in failed)
     assert [tell_id for _, tell_id in failed] == [inbound.header.id for inbound in batch]
     assert node.lookup("rec") is None
+
+
+def _frame_tells(node: Node, dst: str, first_seq: int, bodies: list[bytes]) -> TellBatch:
+    """The ``TellBatch`` of one batch frame of ``bodies`` (each an ``echo``), as the I/O thread makes it."""
+    items: list[Any] = []
+    for body in bodies:
+        items += [new_id(), "echo", body]
+    batch = Header(
+        id=new_id(), kind=BATCH_TAG, src="n1/client.raw", dst=dst, flow="tell", ts=time.time(), seq=first_seq
+    )
+    return split_batch(batch, encode_batch_body(items))
+
+
+def test_frame_tells_and_single_messages_in_one_item_keep_arrival_order(
+    make_node: Callable[..., Node],
+) -> None:
+    """MB-05 and DESIGN.md §2 where a mailbox item mixes lone messages and a batch frame's tells (each
+    tell's Inbound made as the actor takes it): all are handled in arrival order, and a malformed body in
+    the frame fails alone, reported by its own id."""
+    node = make_node("n1")
+    ref = node.spawn(BatchRecorder, "rec")
+    errors = _errors(node)
+    encode = node.registry.encode
+    first = _tell(node, "n1/rec", 1, encode(Echo(seq=0)))
+    frame = _frame_tells(node, "n1/rec", 2, [encode(Echo(seq=1)), b"\xc1", encode(Echo(seq=2))])
+    last = _tell(node, "n1/rec", 5, encode(Echo(seq=3)))
+    ref.tell(InboundBatch([first, frame, last]))
+    ref.tell(_frame_tells(node, "n1/rec", 6, [encode(Echo(seq=4)), encode(Echo(seq=5))]))  # alone
+    reply = node.request("n1/rec", Echo(), timeout=WAIT)
+    assert reply.data == [0, 1, 2, 3, 4, 5]
+    error, tell_id = errors.get(timeout=WAIT)
+    assert type(error) is ProtocolError
+    assert tell_id == frame.ids[1]
+    assert errors.empty()
+
+
+def test_frame_tells_for_a_stopped_actor_each_fail_by_their_own_id(make_node: Callable[..., Node]) -> None:
+    """A batch that finds its actor gone reports every tell of a frame in it NotDelivered, each by its own
+    id (not the frame's), after the lone message before it."""
+    node = make_node("n1")
+    ref = node.spawn(BatchRecorder, "rec")
+    ref.stop()
+    errors = _errors(node)
+    lone = _tell(node, "n1/rec", 1, node.registry.encode(Echo(seq=0)))
+    frame = _frame_tells(node, "n1/rec", 2, [node.registry.encode(Echo(seq=i)) for i in range(3)])
+    node.call_in_io_thread(lambda: node.deliver_batch("rec", ref, [lone, frame]), timeout=WAIT)
+    failed = [errors.get(timeout=WAIT) for _ in range(4)]
+    assert all(type(error) is NotDelivered for error, _ in failed)
+    assert [tell_id for _, tell_id in failed] == [lone.header.id, *frame.ids]
 
 
 def test_a_burst_read_in_one_wake_up_arrives_as_batches_in_order(make_node: Callable[..., Node]) -> None:
