@@ -852,37 +852,40 @@ class Node:
         body = self.registry.encode(message)  # raises for what is not a registered message
         kind: str = message.TAG
         dst = lane.dst
+        # Its share of the batch body's bound (held_bytes sums them): body, kind and BATCH_ITEM_OVERHEAD.
+        cost = len(body) + len(kind) + BATCH_ITEM_OVERHEAD
         with channel.lock:
             head = channel.held_head
-            # held_bytes counts each held tell's body, kind and BATCH_ITEM_OVERHEAD: the batch body's bound.
-            if head is not None and (
-                head.dst != dst
-                or len(channel.held) >= _HELD_SLOTS
-                or channel.held_bytes + len(body) + BATCH_ITEM_OVERHEAD > self._batch_bytes
-            ):
+            if head is not None:
+                if (
+                    head.dst == dst
+                    and len(channel.held) < _HELD_SLOTS
+                    and channel.held_bytes + cost <= self._batch_bytes
+                ):
+                    channel.last_tell = now
+                    seqs = lane.seqs
+                    seq = seqs.get(lane.key, 0) + 1
+                    seqs[lane.key] = seq
+                    tell_id = self.ids()
+                    channel.held += (tell_id, kind, body)
+                    channel.held_bytes += cost
+                    if self.capture is not None:
+                        # The header split_batch rebuilds for it on the far side: the first held one's slots.
+                        header = _new_header(
+                            Header, (tell_id, kind, lane.src, dst, "tell", head.ts, seq, *head[7:])
+                        )
+                        self.capture.record("send", lane.src, [encode_header(header), body])
+                    return tell_id
                 self._flush_held(channel)
-                head = None
             recent = now - channel.last_tell < self.tell_linger
             channel.last_tell = now
-            if head is None:
-                if not recent:
-                    return self._tell_now(lane.peer, dst, lane.direct, kind, body, {})
-                header = self.header(kind, lane.src, dst, "tell")
-                channel.hold(header, body)
-                if not channel.flush_due:
-                    channel.flush_due = True
-                    self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
-            else:
-                seqs = lane.seqs
-                seq = seqs.get(lane.key, 0) + 1
-                seqs[lane.key] = seq
-                tell_id = self.ids()
-                channel.held += (tell_id, kind, body)
-                channel.held_bytes += len(body) + len(kind) + BATCH_ITEM_OVERHEAD
-                if self.capture is None:
-                    return tell_id
-                # The header split_batch rebuilds for it on the far side: the first held tell's slots.
-                header = _new_header(Header, (tell_id, kind, lane.src, dst, "tell", head.ts, seq, *head[7:]))
+            if not recent:
+                return self._tell_now(lane.peer, dst, lane.direct, kind, body, {})
+            header = self.header(kind, lane.src, dst, "tell")
+            channel.hold(header, body, cost)
+            if not channel.flush_due:
+                channel.flush_due = True
+                self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
             if self.capture is not None:
                 self.capture.record("send", lane.src, [encode_header(header), body])
             return header.id

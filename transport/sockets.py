@@ -20,7 +20,6 @@ from zmq.backend import zmq_poll as _zmq_poll
 from zmq.utils.monitor import recv_monitor_message
 
 from transport.codec import (
-    BATCH_ITEM_OVERHEAD,
     BATCH_TAG,
     Registry,
     decode_header,
@@ -266,13 +265,14 @@ class Channel:
         self.flush_due = False  # a flush is set on the node's timer for what is held
         self.last_tell = float("-inf")  # monotonic time of the last tell this channel took
 
-    def hold(self, header: Header, body: bytes) -> None:
+    def hold(self, header: Header, body: bytes, cost: int) -> None:
         """Hold a tell (owner thread, under ``lock``): ``header`` is the first held one's or shares its
-        slots but id, kind and seq (``split_batch`` rebuilds it so on the far side)."""
+        slots but id, kind and seq (``split_batch`` rebuilds it so on the far side). ``cost`` is its share of
+        the batch body's bound (``held_bytes``; see ``Node._hold``)."""
         if self.held_head is None:
             self.held_head = header
         self.held += (header.id, header.kind, body)
-        self.held_bytes += len(body) + len(header.kind) + BATCH_ITEM_OVERHEAD  # Node._hold's bound
+        self.held_bytes += cost
 
     def flush_held(self, batch_id: bytes) -> tuple[list[bytes], BusError | None]:
         """Send what is held (under ``lock``): one tell as it is, more as one ``sys.batch`` frame with id
