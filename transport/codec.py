@@ -303,19 +303,27 @@ def _json_copy(value: Any, budget: int, depth: int) -> tuple[int, Any]:
         return budget, value
     if depth > 32 or budget < 0:
         return -1, value
+    # A string member is counted in place (what the call for it would count): most are strings.
     if cls is dict:
         copy: dict[str, Any] = {}
         for key, item in value.items():
             if type(key) is not str:  # the wire's maps have string keys
                 return -1, value
-            budget, copy[key] = _json_copy(item, budget - 16 - 4 * len(key), depth + 1)
+            if type(item) is str:
+                budget -= 32 + 4 * (len(key) + len(item))
+                copy[key] = item
+            else:
+                budget, copy[key] = _json_copy(item, budget - 16 - 4 * len(key), depth + 1)
             if budget < 0:
                 return -1, value
         return budget, copy
     if cls is list:
         items: list[Any] = []
         for item in value:
-            budget, item = _json_copy(item, budget, depth + 1)
+            if type(item) is str:
+                budget -= 16 + 4 * len(item)
+            else:
+                budget, item = _json_copy(item, budget, depth + 1)
             if budget < 0:
                 return -1, value
             items.append(item)
@@ -337,9 +345,9 @@ class _Copiers(dict[type[Any], Callable[[Any, "_Copiers", int, int], tuple[int, 
 def _copier(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, _Copiers, int, int], tuple[int, Any]]:
     """``_copied``'s step for one message class, written out field by field (as dataclasses writes an
     ``__init__``): the same arithmetic as the walk over ``names``, with each field's constant part (its
-    name, its map entry) summed once. A string, None, bool, float, in-range int or UUID field is counted in
-    place; any other value goes through ``_copied``; a field whose value was copied makes the class build
-    a new message, as decoding builds it."""
+    name, its map entry) summed once. A string, bytes, None, bool, float, in-range int or UUID field is
+    counted in place; a message goes to its own class's step, any other value through ``_copied``; a field
+    whose value was copied makes the class build a new message, as decoding builds it."""
     const = 16 + sum(16 + 4 * len(name) for name in names)
     lines = [
         "def copy(_value_, _copiers_, _budget_, _depth_):",
@@ -360,8 +368,14 @@ def _copier(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, _Copiers, 
             "    elif _t_ is _int_:",
             f"        if not -9223372036854775808 <= {v} < 18446744073709551616:",
             "            return -1, _value_",
+            "    elif _t_ is _bytes_:",
+            f"        _budget_ -= len({v})",
             "    else:",
-            f"        _budget_, _new_ = _copied_({v}, _copiers_, _budget_ + 16, _depth_ + 1)",
+            "        _step_ = _copiers_.get(_t_)  # a message: its own step, past _copied's dispatch",
+            "        if _step_ is not None:",
+            f"            _budget_, _new_ = _step_({v}, _copiers_, _budget_ + 16, _depth_ + 1)",
+            "        else:",
+            f"            _budget_, _new_ = _copied_({v}, _copiers_, _budget_ + 16, _depth_ + 1)",
             "        if _budget_ < 0:",
             "            return -1, _value_",
             f"        if _new_ is not {v}:",
@@ -384,6 +398,7 @@ def _copier(cls: type[Any], names: tuple[str, ...]) -> Callable[[Any, _Copiers, 
         "_float_": float,
         "_int_": int,
         "_uuid_": uuid.UUID,
+        "_bytes_": bytes,
     }
     exec("\n".join(lines), scope)  # the source is made of the class's own field names only
     return scope["copy"]  # type: ignore[no-any-return]
@@ -407,7 +422,17 @@ def _copied(value: Any, copiers: _Copiers, budget: int, depth: int) -> tuple[int
             return -1, value
         members: list[Any] | None = None
         for index, item in enumerate(value):
-            budget, new = _copied(item, copiers, budget, depth + 1)
+            kind = type(item)
+            if kind is str:  # what _share_budget counts for one, without the two calls
+                budget -= 16 + 4 * len(item)
+                new = item
+            else:
+                step = copiers.get(kind)
+                budget, new = (
+                    _copied(item, copiers, budget, depth + 1)
+                    if step is None
+                    else step(item, copiers, budget, depth + 1)
+                )
             if budget < 0:
                 return -1, value
             if new is not item and members is None:

@@ -127,10 +127,12 @@ def test_local_copy_counts_each_class_as_shareable_does_at_every_size_near_the_b
 
     for limit in (600, 1000, 1500):
         reg = registry(max_body_bytes=limit)
-        for size in range(0, 400, 7):
+        for size in range(400):  # every size: a count off by a few bytes shows at the threshold
             text = "y" * size
             items = (ContextItem(role="user", text=text, call_id=None),) * 2
-            context = ModelContext(model="m", reasoning_effort=None, instructions=text, items=items, tools=())
+            context = ModelContext(
+                model="m", reasoning_effort=None, instructions=text, items=items, tools=(text, "k")
+            )
             for message in (
                 Echo(text=text, seq=size, payload=b"p" * size),
                 Echo(seq=-(1 << 63), text=text),
@@ -181,3 +183,44 @@ def test_with_capture_on_every_local_message_is_recorded_as_its_bytes(
     # records no delivery of its own).
     assert [r.at for r in records] == ["send", "deliver", "send"] * 3
     assert all(len(r.frames) == 2 and r.frames[1] for r in records)
+
+
+def _json_bound(value: Any) -> int:
+    """The body bound's arithmetic for a JSON value, written plainly: 16 bytes a value, 16 more and 4 a
+    character for each map key, 4 bytes a character of a string."""
+    if isinstance(value, str):
+        return 16 + 4 * len(value)
+    if isinstance(value, dict):
+        return 16 + sum(16 + 4 * len(key) + _json_bound(item) for key, item in value.items())
+    if isinstance(value, list):
+        return 16 + sum(_json_bound(item) for item in value)
+    return 16
+
+
+def test_local_copy_bounds_a_json_value_by_the_walks_arithmetic_to_the_byte() -> None:
+    """Where a copied JSON value takes the message past the body bound, it is encoded (and fails as it
+    would remotely): the copy's count of strings, keys, lists and maps, at every nesting, is the plain
+    arithmetic's to the byte. A payload's bytes count one each, so the largest payload still handed over
+    beside a value shows what the value was counted."""
+    from transport.codec import Registry
+    from transport.messages import SYSTEM_MESSAGES
+
+    reg = Registry(SYSTEM_MESSAGES, max_body_bytes=3000)
+
+    def largest_payload(data: Any) -> int:
+        fits = [p for p in range(3000) if reg.local_copy(Echo(payload=b"p" * p, data=data)) is not None]
+        assert fits == list(range(len(fits)))  # no gaps: one threshold
+        return len(fits) - 1
+
+    alone = largest_payload(None)  # data None counts 16, as any scalar
+    values: list[Any] = [
+        "s" * 9,
+        {"key": "v" * 5},
+        {"k": "a", "kk": "bb", "n": 1, "f": 1.5, "t": True, "z": None},
+        ["x" * 3, "y", 7, None],
+        {"args": {"city": "Paris", "days": [1, 2, "three"]}, "units": "metric"},
+        [{"a": ["b", {"c": "d" * 11}]}, []],
+        {},
+    ]
+    for value in values:
+        assert largest_payload(value) == alone - (_json_bound(value) - 16), value
