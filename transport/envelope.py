@@ -179,7 +179,8 @@ class TellBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __iter__(self) -> Iterator[Inbound]:
+    def pairs(self) -> Iterator[tuple[Header, bytes]]:
+        """Each tell's header, made as it is taken, and its body, in order."""
         # Column-wise, in C loops (zip, map): the batch header's slots repeated, each tell's own id, kind
         # and seq; a Python loop building the same tuples cost a fifth more per tell.
         header, again = self.header, itertools.repeat
@@ -196,8 +197,12 @@ class TellBatch:
             *map(again, header[7:]),
         )
         headers = map(functools.partial(_new_tuple, Header), zip(*columns, strict=False))  # repeats: endless
-        inbound = zip(headers, self.bodies, again(self.route), again(None), strict=False)
-        return map(functools.partial(_new_tuple, Inbound), inbound)
+        return zip(headers, self.bodies, strict=False)
+
+    def __iter__(self) -> Iterator[Inbound]:
+        route = self.route
+        for header, body in self.pairs():
+            yield Inbound(header, body, route)
 
     def __repr__(self) -> str:
         return f"TellBatch({len(self.ids)} tells, {self.header.src} -> {self.header.dst})"

@@ -325,8 +325,8 @@ class IoThread(threading.Thread):
                     self._batch_ref, self._batch_key = ref, actor_key
                 self._batch.append(tells)
                 return
-        for tell in tells:
-            self._route_header(tell.header, tell.body, route)
+        for tell_header, tell_body in tells.pairs():
+            self._route_header(tell_header, tell_body, route)
 
     def _route_header(self, header: Header, body: bytes, route: Route) -> None:
         node = self.node
