@@ -163,7 +163,11 @@ class Context:
             body, local = node.encode_for(self.header.src, message)
             self._actor._bus_send_answer(self, node.registry.tag_of(message), body, "part", local)
 
-    def reply(self, message: Any) -> None:
+    def reply(self, message: Any, *, moved: bool = False) -> None:
+        """Answer with ``message`` (a tell's context is only marked done). ``moved``: this actor has let go
+        of every mutable value in ``message`` and nobody else holds one (it built them, or they came to it
+        copied or decoded, and it keeps none of them): a requester in this process takes ``message`` itself
+        (``Registry.local_copy``), instead of a copy of its JSON values and a walk over all of it."""
         if self.expired:
             self._actor._bus_late_answer()
             return
@@ -175,7 +179,7 @@ class Context:
         node = self._actor.node
         try:
             tag = node.registry.tag_of(message)
-            body, local = node.encode_for(self.header.src, message)
+            body, local = node.encode_for(self.header.src, message, moved=moved)
         except Exception as exc:  # noqa: BLE001 - a reply that cannot travel is answered with why
             self.fail(exc)
             return

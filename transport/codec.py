@@ -585,15 +585,21 @@ class Registry:
         fields = self._fields
         return type(message) in fields and _share_budget(message, fields, self.max_body_bytes, 0) >= 0
 
-    def local_copy(self, message: Any) -> Any:
+    def local_copy(self, message: Any, *, moved: bool = False) -> Any:
         """What a receiver in this process may be handed instead of ``message``'s body frame, or None when
         it must be encoded: ``message`` itself when it is ``shareable``; when its only mutable parts are
         JSON values (lists, string-keyed dicts: a tool call's arguments), a copy sharing everything else,
         so neither side sees the other's changes, as if it had travelled; None past ``max_body_bytes`` or
         for any other mutable value, so it fails as it would remotely. Cheaper than an encode and a decode:
-        nothing is packed, and only the JSON containers are built again."""
+        nothing is packed, and only the JSON containers are built again.
+
+        ``moved``: the sender holds none of ``message``'s mutable values any more and nobody else does (it
+        built or copied them, and has let go of them): the receiver becomes their only holder, so
+        ``message`` itself is handed over, unwalked and so unbounded (``Context.reply``)."""
         if type(message) not in self._fields:
             return None
+        if moved:
+            return message
         left, copy = _copied(message, self._copiers, self.max_body_bytes, 0)
         return copy if left >= 0 else None
 

@@ -1011,22 +1011,22 @@ class Node:
             self.capture.record("effect", actor, [key, value])
         return value
 
-    def local_message(self, dst: str, message: Any) -> Any:
+    def local_message(self, dst: str, message: Any, *, moved: bool = False) -> Any:
         """What a send to ``dst`` may hand over unencoded (``send(..., message=)``) when ``dst`` is on this
         node and the node does not capture: ``Registry.local_copy`` of ``message`` (itself, or a copy of its
-        JSON values). Otherwise None: the caller encodes the body."""
+        JSON values; ``moved``: itself). Otherwise None: the caller encodes the body."""
         if (
             self.capture is None
             and node_of(dst) == self.name
             and type(message) is not ErrorReply  # rebuilt into its error on arrival: always encoded
         ):
-            return self.registry.local_copy(message)
+            return self.registry.local_copy(message, moved=moved)
         return None
 
-    def encode_for(self, dst: str, message: Any) -> tuple[bytes, Any]:
+    def encode_for(self, dst: str, message: Any, *, moved: bool = False) -> tuple[bytes, Any]:
         """The ``(body, message)`` pair ``send`` takes for ``message`` to ``dst``: ``(b"", message)`` when it
         may go unencoded (``local_message``), else ``(encoded body, None)``. Raises when it cannot travel."""
-        local = self.local_message(dst, message)
+        local = self.local_message(dst, message, moved=moved)
         if local is not None:
             return b"", local
         return self.registry.encode(message), None

@@ -688,13 +688,19 @@ class InferenceHandleActor(BusActor):
         self._state = evolve(state, buffered=tuple(grouped))
 
     def _give(self, outcome: Outcome | InferenceEvents) -> None:
-        """Answer the first live reader with ``outcome`` and apply what it means for the handle."""
+        """Answer the first live reader with ``outcome`` and apply what it means for the handle.
+
+        Events go to the reader ``moved``: the handle built them from the Router's reply, which reached it
+        copied or decoded (its JSON values, a tool call's arguments, are the handle's own), and none of them
+        stays in its state (``_pump`` and ``_on_read`` give an outcome instead of buffering it, or take it
+        out of the buffer first). The reader in this process, its loop, becomes their only holder: no
+        second copy of the arguments on their way to the host, which copies them for the tool."""
         state = self._state
         assert isinstance(state, Active) and state.readers
         (ctx, _), rest = state.readers[0], state.readers[1:]
         self._state = evolve(state, readers=rest)
         if isinstance(outcome, InferenceEvents):  # a batch reader's (_pump)
-            ctx.reply(outcome)
+            ctx.reply(outcome, moved=True)
             if isinstance(outcome.events[-1], SessionInferenceEvent.Completed):
                 self._terminate("the provider turn completed")  # SI-08
         elif isinstance(outcome, BusError):
@@ -704,7 +710,7 @@ class InferenceHandleActor(BusActor):
         elif outcome is None:
             ctx.reply(Ok())  # SI-09: closed without completion; the handle stays active
         else:
-            ctx.reply(outcome)
+            ctx.reply(outcome, moved=True)
             if isinstance(outcome, SessionInferenceEvent.Completed):
                 self._terminate("the provider turn completed")  # SI-08
 

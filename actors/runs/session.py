@@ -334,7 +334,8 @@ class ResumeAfter(Context):
     )
     route = property(lambda self: self._inner.route, lambda self, value: setattr(self._inner, "route", value))
 
-    def reply(self, message: Any) -> None:
+    def reply(self, message: Any, *, moved: bool = False) -> None:
+        # What is sent is the host's decision on ``message``, made by application code: never moved.
         answer = self.decided(message)
         if answer is not DEFER and not self._inner.done:
             self._inner.reply(Ok() if answer is None else answer)

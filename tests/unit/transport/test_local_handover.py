@@ -156,6 +156,47 @@ def test_a_reply_holding_a_list_is_a_copy_and_an_immutable_reply_is_the_object(n
     assert node.request("n1/echo", plain, timeout=WAIT) is plain
 
 
+class MovingEcho(BusActor):
+    """Answers ``Echo(seq=n)`` with a new ``Echo`` holding a list, ``moved`` when the request's text says
+    so; keeps each answer (for the test only: a mover lets go of what it sends)."""
+
+    def __init__(self, node: Node, address: str) -> None:
+        super().__init__(node, address)
+        self.sent: list[Echo] = []
+
+    def handle(self, message: Any, ctx: Context) -> Any:
+        answer = Echo(data=[message.seq, {"k": "v"}], seq=message.seq)
+        self.sent.append(answer)
+        ctx.reply(answer, moved=message.text == "moved")
+        return None
+
+
+def test_a_moved_reply_is_handed_over_as_it_is_and_a_plain_one_as_a_copy(node: Node) -> None:
+    """``Context.reply(moved=True)``: the replier has let go of the answer's JSON values, so a requester
+    in this process becomes their holder with no copy; without it, the same answer arrives copied."""
+    mover = node.spawn(MovingEcho, "mover").proxy()
+    moved = node.request("n1/mover", Echo(seq=1, text="moved"), timeout=WAIT)
+    plain = node.request("n1/mover", Echo(seq=2), timeout=WAIT)
+    sent = mover.sent.get(timeout=WAIT)
+    assert moved is sent[0]
+    assert plain == sent[1] and plain is not sent[1] and plain.data[1] is not sent[1].data[1]
+
+
+def test_a_moved_reply_still_travels_as_bytes_while_the_node_captures(
+    make_node: Callable[..., Node], tmp_path: Path
+) -> None:
+    """Capture records every local message as its bytes: a moved reply too, so a replay sees it."""
+    capture = CaptureWriter(tmp_path / "n4.buslog", node="n4", schema="test")
+    node = make_node("n4", capture=capture)
+    mover = node.spawn(MovingEcho, "mover").proxy()
+    reply = node.request("n4/mover", Echo(seq=7, text="moved"), timeout=WAIT)
+    (sent,) = mover.sent.get(timeout=WAIT)
+    assert reply == sent and reply is not sent
+    node.stop()
+    sends = [r for r in read_log(tmp_path / "n4.buslog").records if r.at == "send"]
+    assert len(sends) == 2 and all(r.frames[1] for r in sends)  # the request and the moved reply, as bytes
+
+
 def test_a_message_that_might_pass_the_body_bound_is_encoded_and_refused_as_remotely(
     make_node: Callable[..., Node],
 ) -> None:
