@@ -3,7 +3,8 @@
 A message that is immutable all the way down goes to an actor of the same node as the object itself; one
 whose only mutable parts are JSON values (lists, string-keyed dicts) goes as a copy of those values taken at
 the send (``Registry.local_copy``), everything else in it shared; one that might encode past the body bound,
-one holding anything else mutable, and every message while the node captures, go as their encoded body.
+one holding anything else mutable, and every message while the node captures, go as their encoded body. A
+reply its sender marks ``moved`` (it has let go of the mutable values in it) goes as the object itself.
 Isolation is what every way must keep: what arrived never changes under the receiver, whatever the sender
 does afterwards, and the other way round.
 """
