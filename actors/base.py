@@ -165,9 +165,10 @@ class Context:
 
     def reply(self, message: Any, *, moved: bool = False) -> None:
         """Answer with ``message`` (a tell's context is only marked done). ``moved``: this actor has let go
-        of every mutable value in ``message`` and nobody else holds one (it built them, or they came to it
-        copied or decoded, and it keeps none of them): a requester in this process takes ``message`` itself
-        (``Registry.local_copy``), instead of a copy of its JSON values and a walk over all of it."""
+        of every mutable value in ``message`` and nobody else holds one (they came to it copied or decoded,
+        or it built them as the wire carries them, and it keeps none of them): a requester in this process
+        takes ``message`` itself (``Registry.local_copy``), instead of a copy of its JSON values and a walk
+        over all of it; one elsewhere gets it encoded, as always."""
         if self.expired:
             self._actor._bus_late_answer()
             return

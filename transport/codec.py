@@ -193,7 +193,7 @@ def split_batch(
     header: Header, body: bytes, route: Route | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
 ) -> TellBatch:
     """The tells of a batch frame whose ``header`` was admitted already, in order, as the ``TellBatch``
-    an actor's mailbox takes (with ``route``; each tell's ``Inbound`` is made as the actor takes it). The
+    an actor's mailbox takes (with ``route``; each tell's header is made as the actor takes it). The
     whole batch is checked here, so nothing of a bad one is delivered. Every failure is a
     ``ProtocolError`` (a malformed batch) or ``LimitExceeded`` (a body past ``max_body_bytes``, or more
     than ``MAX_BATCH_ITEMS`` tells): the whole batch is refused."""
@@ -422,12 +422,12 @@ def _copied(value: Any, copiers: _Copiers, budget: int, depth: int) -> tuple[int
             return -1, value
         members: list[Any] | None = None
         for index, item in enumerate(value):
-            kind = type(item)
-            if kind is str:  # what _share_budget counts for one, without the two calls
+            item_type = type(item)
+            if item_type is str:  # what _share_budget counts for one, without the two calls
                 budget -= 16 + 4 * len(item)
                 new = item
             else:
-                step = copiers.get(kind)
+                step = copiers.get(item_type)
                 budget, new = (
                     _copied(item, copiers, budget, depth + 1)
                     if step is None
@@ -593,9 +593,10 @@ class Registry:
         for any other mutable value, so it fails as it would remotely. Cheaper than an encode and a decode:
         nothing is packed, and only the JSON containers are built again.
 
-        ``moved``: the sender holds none of ``message``'s mutable values any more and nobody else does (it
-        built or copied them, and has let go of them): the receiver becomes their only holder, so
-        ``message`` itself is handed over, unwalked and so unbounded (``Context.reply``)."""
+        ``moved``: the sender holds none of ``message``'s mutable values any more and nobody else does, and
+        they are as the wire carries them (they reached it copied or decoded, or it built them so): the
+        receiver becomes their only holder, so ``message`` itself is handed over, unwalked and so not
+        bounded here (``Context.reply``)."""
         if type(message) not in self._fields:
             return None
         if moved:
