@@ -164,11 +164,10 @@ class Context:
             self._actor._bus_send_answer(self, node.registry.tag_of(message), body, "part", local)
 
     def reply(self, message: Any, *, moved: bool = False) -> None:
-        """Answer with ``message`` (a tell's context is only marked done). ``moved``: this actor has let go
-        of every mutable value in ``message`` and nobody else holds one (they came to it copied or decoded,
-        or it built them as the wire carries them, and it keeps none of them): a requester in this process
-        takes ``message`` itself (``Registry.local_copy``), instead of a copy of its JSON values and a walk
-        over all of it; one elsewhere gets it encoded, as always."""
+        """Answer with ``message`` (a tell's context is only marked done). ``moved``: this actor will not
+        read or change a mutable value in ``message`` again and nobody else holds one (see
+        ``Registry.local_copy``): a requester in this process takes ``message`` itself, instead of a copy
+        of its JSON values and a walk over all of it; one elsewhere gets it encoded, as always."""
         if self.expired:
             self._actor._bus_late_answer()
             return
@@ -295,10 +294,12 @@ class BusActor(pykka.ThreadingActor):
         *,
         timeout: float | None = None,
         stream: bool = False,
+        moved: bool = False,
         **fields: Any,
     ) -> bytes:
         """Send a request without blocking; ``then(reply)`` runs on this actor's thread for each reply
-        (partials first when ``stream``) and for the terminal error. Returns the request id."""
+        (partials first when ``stream``) and for the terminal error. Returns the request id. ``moved``: as
+        ``Context.reply``'s, for the request."""
         node = self.node
         header = node.header(
             node.registry.tag_of(message),
@@ -308,7 +309,7 @@ class BusActor(pykka.ThreadingActor):
             timeout=timeout if timeout is not None else node.request_timeout,
             **fields,
         )
-        body, local = node.encode_for(dst, message)  # raises to the caller before anything is registered
+        body, local = node.encode_for(dst, message, moved=moved)  # raises before anything is registered
         self._continuations[header.id] = then
         ref = self.actor_ref
 

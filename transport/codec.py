@@ -593,10 +593,10 @@ class Registry:
         for any other mutable value, so it fails as it would remotely. Cheaper than an encode and a decode:
         nothing is packed, and only the JSON containers are built again.
 
-        ``moved``: the sender holds none of ``message``'s mutable values any more and nobody else does, and
-        they are as the wire carries them (they reached it copied or decoded, or it built them so): the
-        receiver becomes their only holder, so ``message`` itself is handed over, unwalked and so not
-        bounded here (``Context.reply``)."""
+        ``moved``: the sender will not read or change ``message``'s mutable values again and nobody else
+        holds them, and they are as the wire carries them (they reached the sender copied or decoded, or it
+        built them so): the receiver is the only one to use them from now on, so ``message`` itself is
+        handed over, unwalked and so not bounded here (``Context.reply``, ``BusActor.ask``)."""
         if type(message) not in self._fields:
             return None
         if moved:

@@ -693,8 +693,8 @@ class InferenceHandleActor(BusActor):
         Events go to the reader ``moved``: the handle built them from the Router's reply, which reached it
         copied or decoded (its JSON values, a tool call's arguments, are the handle's own), and none of them
         stays in its state (``_pump`` and ``_on_read`` give an outcome instead of buffering it, or take it
-        out of the buffer first). The reader in this process, its loop, becomes their only holder: no
-        second copy of the arguments on their way to the host, which copies them for the tool."""
+        out of the buffer first). The reader in this process, its loop, becomes their only user: no second
+        copy of the arguments on their way to the host."""
         state = self._state
         assert isinstance(state, Active) and state.readers
         (ctx, _), rest = state.readers[0], state.readers[1:]

@@ -137,12 +137,14 @@ Message = Begin | Cancel | Answered | Failed
 @frozen
 class Ask:
     """Ask ``target`` ``message``; the answer comes back as ``Answered``/``Failed``. A cancelled run stops
-    before a ``boundary`` ask instead of making it."""
+    before a ``boundary`` ask instead of making it. ``moved``: the run will not read or change a mutable
+    value in ``message`` again (``BusActor.ask``)."""
 
     target: Target
     message: Any
     boundary: bool = True
     timeout: float | None = None  # None: the hosting actor's bound for ``target``
+    moved: bool = False
 
 
 @frozen
@@ -628,9 +630,10 @@ class RoundActor(BusActor):
         self.state = result.state
         for effect in result.effects:
             match effect:
-                case Ask(target=target, message=message, timeout=timeout):
+                case Ask(target=target, message=message, timeout=timeout, moved=moved):
                     bound = self._timeout.get(target) if timeout is None else timeout
-                    self.ask(self._to[target], message, partial(self._answer, message), timeout=bound)
+                    answer = partial(self._answer, message)
+                    self.ask(self._to[target], message, answer, timeout=bound, moved=moved)
                 case Open(request=request):
                     self._to[Target.HANDLE], self._handle_ref = self.open_handle(request)
                     asked = AwaitStarted()

@@ -430,6 +430,36 @@ def test_rs11_rs13_rs14_rs22_tool_round_continue(
     assert len(host.events(SessionEvent.ProviderReceipt)) == 1
 
 
+def test_a_tool_that_changes_its_arguments_in_place_changes_nothing_else_of_the_run(
+    topology: Topology, host: RecordingHost, provider: Any
+) -> None:
+    """Isolation at the host (RS-11): each call reaches the tool as the run's own arguments (in one process
+    they are handed on, not copied, from the handle to the loop to the host: neither reads them again),
+    and a tool that changes them in place changes nothing else of the run: the next call comes with its
+    own arguments as the model sent them, and the run completes."""
+    sent = {"city": "Paris", "days": [1, 2]}
+    provider.add(
+        [
+            {"call": {"name": "t", "arguments": sent}, "id": "c1"},
+            {"call": {"name": "t", "arguments": sent}, "id": "c2"},
+            {"text": "after"},
+        ]
+    )
+    seen: list[str] = []
+
+    def vandal(call: Any) -> SessionToolOutcome:
+        seen.append(json.dumps(call.arguments, sort_keys=True))
+        call.arguments["days"].append(3)
+        call.arguments.clear()
+        call.arguments["city"] = "changed"
+        return SessionToolOutcome.success("tool ok")
+
+    host.tool = vandal
+    assert run(topology) == "final"
+    assert seen == [json.dumps(sent, sort_keys=True)] * 2
+    assert sent == {"city": "Paris", "days": [1, 2]}  # the script's own, untouched
+
+
 def test_rs12_host_tool_error_aborts_after_accounting(
     topology: Topology, host: RecordingHost, provider: Any
 ) -> None:
