@@ -611,8 +611,9 @@ class SessionFlavor:
                     idempotency_key=idempotency_key(facts.request.operation_id, facts.round, call_id),
                     records=facts.records,
                 )  # RS-13: the host decides the resume on the outcome in the same request
-                # Moved: the call came moved from the handle (its arguments are this run's alone) and the
-                # loop keeps only its id: the host, and its tool, take it as it is, with nothing to copy.
+                # Moved: the call came moved from the handle (its arguments are this run's alone), the run's
+                # state keeps only its id, and the request that comes back with the answer is not read: the
+                # host, and its tool, take the call as it is, with nothing to copy.
                 return Step(Resuming(run, call_id), (Ask(Target.HOST, execute, moved=True),))
         return abort(self, run, InferenceError(f"unexpected handle event {type(event).__name__}"))
 
