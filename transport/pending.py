@@ -97,14 +97,16 @@ class BusFuture(concurrent.futures.Future[Any]):
         self._parts.put(message)
 
     def _finish(self, reply: Reply) -> None:
+        # The future is settled before the stream's end is queued: a ``parts()`` reader on another thread
+        # that takes the end at once reads the result with no wait (``result(0)``).
         if reply.error is not None:
-            self._parts.put(reply.error)
             if not self.done():
                 self.set_exception(reply.error)
+            self._parts.put(reply.error)
         else:
-            self._parts.put(_END)
             if not self.done():
                 self.set_result(reply.message)
+            self._parts.put(_END)
 
     def parts(self, timeout: float | None = None) -> Iterator[Any]:
         """Partial replies in order, then the final reply; raises the terminal error if there is one."""

@@ -237,6 +237,39 @@ def test_streamed_future_yields_parts_and_resolves_to_the_final_reply(node: Node
     assert future.result(0) == Echo(seq=3)
 
 
+class PeekingFuture(BusFuture):
+    """A fake: notes, as it is settled, how many items a ``parts()`` reader could already take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.visible_when_settled: list[int] = []
+
+    def set_result(self, result: Any) -> None:
+        self.visible_when_settled.append(self._parts.qsize())
+        super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self.visible_when_settled.append(self._parts.qsize())
+        super().set_exception(exception)
+
+
+@pytest.mark.parametrize("error", [None, Unavailable("gone")], ids=["reply", "error"])
+def test_a_streams_end_is_queued_only_once_its_future_is_settled(error: BusError | None) -> None:
+    """A reader on another thread that takes the end at once reads the result with no wait (``result(0)``).
+
+    Queued first, the end could be taken between the two steps, and ``parts()`` raised ``TimeoutError``.
+    """
+    future = PeekingFuture()
+    future._part(Echo(seq=0))
+    future._finish(Reply(message=Echo(seq=1), error=error, final=True))
+    assert future.visible_when_settled == [1]  # the one part, and not yet the end
+    if error is None:
+        assert [m.seq for m in future.parts(WAIT)] == [0, 1]
+    else:
+        with pytest.raises(Unavailable):
+            list(future.parts(WAIT))
+
+
 def test_a_stream_of_zero_parts_is_just_the_final_reply(node: Node) -> None:
     assert list(node.stream("n1/echo", EchoStream(count=0), timeout=WAIT)) == [Echo(seq=0)]
 
