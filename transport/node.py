@@ -883,7 +883,11 @@ class Node:
                 return self._tell_now(lane.peer, dst, lane.direct, kind, body, {})
             header = self.header(kind, lane.src, dst, "tell")
             channel.hold(header, body, cost)
+            channel.held_since = now
             if not channel.flush_due:
+                # One timer a channel at a time: set while a burst goes on, it re-arms itself for each new
+                # batch's own deadline (_flush_later) rather than being set again, so the I/O thread is
+                # woken once a burst, not once a batch.
                 channel.flush_due = True
                 self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
             if self.capture is not None:
@@ -947,21 +951,27 @@ class Node:
             for channel in channels.values():
                 if channel.held_head is not None:
                     with channel.lock:
-                        channel.flush_due = False
                         self._flush_held(channel)
 
     def _flush_later(self, channel: Channel) -> None:
-        """On the I/O thread, ``tell_linger`` after a channel began holding tells: send them unless its
-        owner is using the socket (then the owner's own send flushes them first, or, if the owner was only
-        adding a tell, this tries again shortly). Never blocks."""
+        """The channel's timer, on the I/O thread: send what it holds once the first held tell is
+        ``tell_linger`` old, unless its owner is using the socket (then the owner's own send flushes them
+        first, or, if the owner was only adding a tell, this tries again shortly). What is younger (a batch
+        begun after the one the timer was set for left) is left to fill: the timer is set again for that
+        batch's own deadline. Nothing held: the timer ends. Never blocks."""
         if not channel.lock.acquire(blocking=False):
-            if channel.flush_due:
-                self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel))
+            self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel))
             return
         try:
+            if channel.closed or channel.held_head is None:
+                channel.flush_due = False
+                return
+            due = channel.held_since + self.tell_linger
+            if self.monotonic() < due:
+                self.call_at(due, lambda: self._flush_later(channel))
+                return
             channel.flush_due = False
-            if not channel.closed:
-                self._flush_held(channel)
+            self._flush_held(channel)
         finally:
             channel.lock.release()
 

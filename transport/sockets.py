@@ -262,7 +262,8 @@ class Channel:
         self.held_head: Header | None = None  # the first held tell's header: the batch shares its slots
         self.held: list[Any] = []  # id, kind, body of each held tell, flat
         self.held_bytes = 0
-        self.flush_due = False  # a flush is set on the node's timer for what is held
+        self.held_since = float("-inf")  # monotonic time the held batch's first tell was held
+        self.flush_due = False  # the node's timer for this channel's held tells is set (Node._flush_later)
         self.last_tell = float("-inf")  # monotonic time of the last tell this channel took
 
     def hold(self, header: Header, body: bytes, cost: int) -> None:

@@ -36,6 +36,7 @@ from transport.errors import (
     Unavailable,
 )
 from transport.messages import Echo, EchoStream, ErrorReply, Fail, Hold, Ok, Ping, Pong
+from transport.node import MAX_HELD
 from transport.pending import BlockingCallInActor, BusFuture, Reply, current_actor
 
 WAIT = 10.0  # upper bound on every wait in this file; a healthy run needs milliseconds
@@ -627,6 +628,50 @@ def test_tells_across_an_inproc_connection_arrive_in_order(pair: tuple[Node, Nod
         a.tell("b/recorder", Echo(seq=i))
     seen = a.request("b/recorder", Echo(), timeout=WAIT).data
     assert seen == list(range(500))
+    assert b.stats["seq_gaps"] == 0
+
+
+class StepClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_held_batch_leaves_tell_linger_after_its_own_first_tell(make_node: Callable[..., Node]) -> None:
+    """MB-05 and WIRE.md 7a: what a thread holds leaves ``tell_linger`` after the first tell of that batch
+    was held, not earlier. A burst fills one batch (it leaves full) and begins a second; the timer set for
+    the first finds the second young, and leaves it to fill until its own deadline. Every tell arrives once,
+    in order."""
+    clock = StepClock()
+    b = make_node("b", bind=[f"inproc://kb-{uuid.uuid4().hex}"])
+    b.spawn(Recorder, "recorder")
+    a = make_node("a", monotonic=clock, tell_linger=0.001)
+    a.connect(Peer("b", b.endpoints[0]), wait=WAIT)
+
+    def run_due_timers() -> None:
+        a.call_in_io_thread(a.timers.run_due, timeout=WAIT)
+
+    a.tell("b/recorder", Echo(seq=0))  # the first after a pause: at once
+    clock.t += 0.0001
+    for i in range(1, MAX_HELD + 1):  # held from here: the timer is set for 1000.0011
+        a.tell("b/recorder", Echo(seq=i))
+    clock.t += 0.0004
+    a.tell("b/recorder", Echo(seq=MAX_HELD + 1))  # the first batch is full: it leaves, this one begins
+    a.tell("b/recorder", Echo(seq=MAX_HELD + 2))
+    assert a.stats["tell_batches_sent"] == 1
+    clock.t += 0.0007  # past the first batch's deadline, not the second's (1000.0015)
+    run_due_timers()
+    assert a.stats["tell_batches_sent"] == 1
+    a.tell("b/recorder", Echo(seq=MAX_HELD + 3))  # still held with them
+    clock.t += 0.0004  # past the second batch's deadline
+    run_due_timers()
+    assert a.stats["tell_batches_sent"] == 2
+    seen = a.request("b/recorder", Echo(), timeout=WAIT).data
+    assert seen == list(range(MAX_HELD + 4))
     assert b.stats["seq_gaps"] == 0
 
 
