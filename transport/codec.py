@@ -638,7 +638,6 @@ class Registry:
             "_ext_": _body_ext,
             "_PE_": ProtocolError,
             "_Bad_": _Bad,
-            "_A_": _ABSENT,
             "_kind_": kind,
             "_slow_": functools.partial(self._decode_map, cls, kind),
             "_cls_": cls,
@@ -657,9 +656,10 @@ class Registry:
             f"    if type(_r_) is not dict or len(_r_) != {len(plan)}:",
             "        return _slow_(_r_)",
         ]
-        lines += [f"    {v} = _r_.get({name!r}, _A_)" for v, name in zip(values, names, strict=True)]
-        if values:
-            lines += [f"    if {' or '.join(f'{v} is _A_' for v in values)}:", "        return _slow_(_r_)"]
+        if values:  # as many keys as fields: all of them there, or a KeyError (subscripts: no calls)
+            lines.append("    try:")
+            lines += [f"        {v} = _r_[{name!r}]" for v, name in zip(values, names, strict=True)]
+            lines += ["    except KeyError:", "        return _slow_(_r_)"]
         for i, (name, fast, conv) in enumerate(plan):
             scope[f"_c{i}_"] = conv
             scope[f"_t{i}_"] = next(iter(fast)) if len(fast) == 1 else fast
