@@ -119,6 +119,10 @@ class _HostedInbox:
 DRAIN_BOUND: Final = 256  # a host's items after which a hosted actor's ``when_drained`` is called anyway
 
 
+# Kinds ``_take`` answers without the handler (a ping) or turns into ``on_tell_error`` (a tell error).
+_ANSWERED_BY_THE_ACTOR: Final = frozenset((Ping.TAG, ErrorReply.TAG))
+
+
 class Deferred:
     """Returned by a handler that will answer later through ``Context.reply`` / ``Context.fail``."""
 
@@ -515,12 +519,33 @@ class BusActor(pykka.ThreadingActor):
 
     def _inbound_each(self, tells: TellBatch) -> None:
         """``_inbound`` for each tell of a batch frame, in order: each header made as it is taken, and no
-        ``Inbound`` around it (the hot path of a burst of tells)."""
+        ``Inbound`` around it (the hot path of a burst of tells). What ``_take`` asks of every message is
+        the same for every tell of a frame, so it is asked once: each is a tell (not a request, so the
+        handler's result answers nothing), and on a node that does not capture, a tell of a kind the actor
+        does not answer itself (a ping, a tell error: those take ``_take``'s way) is decoded and handled."""
         counts, take, route = self.bus_counts, self._take, tells.route
+        node = self.node
+        if node.capture is not None:
+            for header, body in tells.pairs():
+                counts.handled += 1
+                try:
+                    take(header, body, route, None)
+                except Exception:  # noqa: BLE001 - as in _inbound
+                    self._inbound_failed(header)
+            return
+        decode, handle = node.registry.decode, self.handle
         for header, body in tells.pairs():
             counts.handled += 1
             try:
-                take(header, body, route, None)
+                kind = header.kind
+                if kind in _ANSWERED_BY_THE_ACTOR:
+                    take(header, body, route, None)
+                    continue
+                ctx = Context(self, header, route)
+                try:
+                    handle(decode(kind, body), ctx)
+                except Exception as exc:  # noqa: BLE001 - answered as _take answers it
+                    self._handler_failed(ctx, exc)
             except Exception:  # noqa: BLE001 - as in _inbound
                 self._inbound_failed(header)
 
@@ -550,8 +575,23 @@ class BusActor(pykka.ThreadingActor):
                 result: Any = Pong(nonce=message.nonce, actor=self.address)
             else:
                 result = self.handle(message, ctx)
-        except BusError as exc:
-            self.bus_counts.failed += 1
+        except Exception as exc:  # noqa: BLE001 - answered, counted and logged (rate-limited)
+            self._handler_failed(ctx, exc)
+            return
+        if ctx.done or not header.is_request:
+            return
+        if result is DEFER:
+            self._bus_defer(ctx)
+            return
+        ctx.reply(Ok() if result is None else result)
+
+    def _handler_failed(self, ctx: Context, exc: Exception) -> None:
+        """What decoding or handling ``ctx``'s message raised: a typed error is answered with and logged at
+        INFO; anything else is a bug in a handler, reported to the sender and logged loudly, with its
+        traceback. Both rate-limited; the actor lives on."""
+        header = ctx.header
+        self.bus_counts.failed += 1
+        if isinstance(exc, BusError):
             self.node.log_limit.log(
                 log,
                 logging.INFO,
@@ -561,12 +601,7 @@ class BusActor(pykka.ThreadingActor):
                 header.kind,
                 exc,
             )
-            if not ctx.done:
-                ctx.fail(exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - logged (rate-limited, with its traceback) just below
-            # A bug in a handler: reported to the sender and logged loudly, and the actor lives on.
-            self.bus_counts.failed += 1
+        else:
             self.node.log_limit.log(
                 log,
                 logging.ERROR,
@@ -577,15 +612,8 @@ class BusActor(pykka.ThreadingActor):
                 type(exc).__name__,
                 exc=exc,
             )
-            if not ctx.done:
-                ctx.fail(exc)
-            return
-        if ctx.done or not header.is_request:
-            return
-        if result is DEFER:
-            self._bus_defer(ctx)
-            return
-        ctx.reply(Ok() if result is None else result)
+        if not ctx.done:
+            ctx.fail(exc)
 
     # ------------------------------------------------------------------------ deferred requests
     def _bus_defer(self, ctx: Context) -> None:

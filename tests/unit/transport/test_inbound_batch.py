@@ -20,8 +20,8 @@ from actors.base import BusActor, Context
 from transport import Node
 from transport.codec import BATCH_TAG, decode_header, encode_batch_body, encode_header, split_batch
 from transport.envelope import Header, Inbound, InboundBatch, TellBatch, new_id
-from transport.errors import BusError, NotDelivered, ProtocolError
-from transport.messages import Echo, Hello
+from transport.errors import BusError, HandlerError, NotDelivered, ProtocolError
+from transport.messages import Echo, ErrorReply, Hello, Ping
 
 WAIT = 10.0
 
@@ -42,8 +42,13 @@ class BatchRecorder(BusActor):
     def handle(self, message: Any, ctx: Context) -> Any:
         if ctx.wants_reply:
             return Echo(seq=self.batches, data=list(self.seen))
+        if message.text == "raise":
+            raise RuntimeError("a bug in the handler")
         self.seen.append(message.seq)
         return None
+
+    def on_tell_error(self, error: BusError, tell_id: bytes | None) -> None:
+        self.seen.append(-1)  # where in the order the tell error came
 
 
 def _tell(node: Node, dst: str, seq: int, body: bytes, src: str = "n1/client.raw") -> Inbound:
@@ -90,11 +95,14 @@ def test_a_batch_for_a_stopped_actor_fails_every_message(make_node: Callable[...
     assert node.lookup("rec") is None
 
 
-def _frame_tells(node: Node, dst: str, first_seq: int, bodies: list[bytes]) -> TellBatch:
-    """The ``TellBatch`` of one batch frame of ``bodies`` (each an ``echo``), as the I/O thread makes it."""
+def _frame_tells(
+    node: Node, dst: str, first_seq: int, bodies: list[bytes], kinds: list[str] | None = None
+) -> TellBatch:
+    """The ``TellBatch`` of one batch frame of ``bodies`` (each an ``echo`` unless ``kinds`` says), as the
+    I/O thread makes it."""
     items: list[Any] = []
-    for body in bodies:
-        items += [new_id(), "echo", body]
+    for body, kind in zip(bodies, kinds or ["echo"] * len(bodies), strict=True):
+        items += [new_id(), kind, body]
     batch = Header(
         id=new_id(), kind=BATCH_TAG, src="n1/client.raw", dst=dst, flow="tell", ts=time.time(), seq=first_seq
     )
@@ -121,6 +129,34 @@ def test_frame_tells_and_single_messages_in_one_item_keep_arrival_order(
     error, tell_id = errors.get(timeout=WAIT)
     assert type(error) is ProtocolError
     assert tell_id == frame.ids[1]
+    assert errors.empty()
+
+
+def test_frame_tells_the_actor_answers_itself_or_its_handler_raises_on_take_their_own_way(
+    make_node: Callable[..., Node],
+) -> None:
+    """DESIGN.md §2 on a batch frame's tells: a ping told is not handed to the handler (as a lone one is
+    not), a tell error goes to ``on_tell_error`` in its place in the order, and a handler that raises on
+    one tell reports a ``HandlerError`` for that tell's id alone; the tells around them are handled."""
+    node = make_node("n1")
+    ref = node.spawn(BatchRecorder, "rec")
+    errors = _errors(node)
+    registry = node.registry
+    bodies = [
+        registry.encode(Echo(seq=1)),
+        registry.encode(Ping(nonce=7)),
+        registry.encode_error(NotDelivered("gone")),
+        registry.encode(Echo(seq=2, text="raise")),
+        registry.encode(Echo(seq=3)),
+    ]
+    kinds = ["echo", Ping.TAG, ErrorReply.TAG, "echo", "echo"]
+    frame = _frame_tells(node, "n1/rec", 1, bodies, kinds)
+    ref.tell(frame)
+    reply = node.request("n1/rec", Echo(), timeout=WAIT)
+    assert reply.data == [1, -1, 3]
+    error, tell_id = errors.get(timeout=WAIT)
+    assert type(error) is HandlerError
+    assert tell_id == frame.ids[3]
     assert errors.empty()
 
 
