@@ -549,19 +549,30 @@ class Registry:
 
     def encode(self, message: Any) -> bytes:
         """The body frame of ``message`` (its fields as a map; the tag travels in the header's kind)."""
-        cls = type(message)
-        body_of = self._bodies.get(cls)
-        if body_of is None:
-            body_of = self._body_of(cls)
-        body = body_of(message)
         try:
-            pack = self._packers.pack
+            encode: Callable[[Any], bytes] = self._packers.encode
         except AttributeError:
-            pack = self._packers.pack = msgpack.Packer(use_bin_type=True, default=self._default).pack
-        frame: bytes = pack(body)
-        if len(frame) > self.max_body_bytes:
-            raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
-        return frame
+            encode = self._packers.encode = self.encoder()
+        return encode(message)
+
+    def encoder(self) -> Callable[[Any], bytes]:
+        """``encode`` for one thread to keep, with a packer of its own bound in rather than looked up per
+        call (``encode`` keeps one per thread; a plain thread's lanes keep it, ``Node._hold``). Not for
+        sharing between threads."""
+        pack = msgpack.Packer(use_bin_type=True, default=self._default).pack
+        bodies, body_of_new = self._bodies, self._body_of
+
+        def encode(message: Any) -> bytes:
+            cls = type(message)
+            body_of = bodies.get(cls)
+            if body_of is None:
+                body_of = body_of_new(cls)
+            frame: bytes = pack(body_of(message))
+            if len(frame) > self.max_body_bytes:
+                raise ProtocolError(f"{cls.TAG} body of {len(frame)} bytes exceeds {self.max_body_bytes}")
+            return frame
+
+        return encode
 
     def _body_of(self, cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
         """``encode``'s map of one message class's fields, written out field by field (compiled on its first

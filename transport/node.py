@@ -128,7 +128,7 @@ class _Lane:
     """A plain thread's way to one actor it has told before: the channel its tells take, cached (one per
     thread and destination; see ``Node._hold``)."""
 
-    __slots__ = ("channel", "direct", "dst", "key", "peer", "seqs", "src")
+    __slots__ = ("channel", "direct", "dst", "encode", "key", "peer", "seqs", "src")
 
     def __init__(
         self,
@@ -138,19 +138,16 @@ class _Lane:
         src: str,
         dst: str,
         seqs: dict[tuple[str, str], int],
+        encode: Callable[[Any], bytes],
     ) -> None:
         self.channel = channel
+        self.encode = encode  # a Registry.encoder() of the thread's own
         self.peer = peer
         self.direct = direct
         self.src = src
         self.dst = dst
         self.key = (src, dst)  # its entry in seqs
         self.seqs = seqs  # the thread's own per-(src, dst) numbering (Node._next_seq)
-
-    def usable(self, peers: dict[str, Peer]) -> bool:
-        """Still the way for a tell: its channel open and connected, its peer not replaced by ``connect``."""
-        channel = self.channel
-        return channel.ready and not channel.closed and peers.get(self.peer.name) is self.peer
 
     def open(self, peers: dict[str, Peer]) -> bool:
         """Still the way for a request (which waits for the connection itself): open, same peer."""
@@ -638,7 +635,8 @@ class Node:
         direct = cache[dst]
         channel = self._channel(direct or peer)
         if not channel.closed:
-            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq)
+            encode = self.registry.encoder()  # this thread's alone, as the lane is
+            lanes[dst] = _Lane(channel, peer, direct, self.client_address(), dst, self._tls.seq, encode)
 
     def stream(self, dst: str, message: Any, *, timeout: float | None = None, **fields: Any) -> Iterator[Any]:
         """Send a streamed request; yield each partial reply, then the final one. ``timeout`` bounds all."""
@@ -811,10 +809,13 @@ class Node:
         """One-way send; returns the message id. A handler error comes back as a tell error (see
         ``on_tell_error``); delivery failures known at once are reported the same way."""
         if src is None and not fields:
-            # A plain thread's next tell on a lane it has used: straight to its channel (see _hold).
+            # A plain thread's next tell on a lane it has used, still the way (its channel open and
+            # connected, its peer not replaced by ``connect``): straight to its channel (see _hold).
             lane = getattr(self._tls, "lanes", _NO_LANES).get(dst)
-            if lane is not None and self._running and lane.usable(self._peers):
-                return self._hold(lane, message)
+            if lane is not None and self._running:
+                channel = lane.channel
+                if channel.ready and not channel.closed and self._peers.get(lane.peer.name) is lane.peer:
+                    return self._hold(lane, message)
         if src is None and current_actor() is None and self._running:
             peer = self._peers.get(node_of(dst))
             if peer is not None and peer.name != self.name:
@@ -849,7 +850,7 @@ class Node:
         once. Order and per-(src, dst) ``seq`` are those of the calls; capture records each tell."""
         now = self.monotonic()
         channel = lane.channel
-        body = self.registry.encode(message)  # raises for what is not a registered message
+        body = lane.encode(message)  # raises for what is not a registered message
         kind: str = message.TAG
         dst = lane.dst
         # Its share of the batch body's bound (held_bytes sums them): body, kind and BATCH_ITEM_OVERHEAD.
