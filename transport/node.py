@@ -890,7 +890,8 @@ class Node:
                 # batch's own deadline (_flush_later) rather than being set again, so the I/O thread is
                 # woken once a burst, not once a batch.
                 channel.flush_due = True
-                self.call_at(now + self.tell_linger, lambda: self._flush_later(channel))
+                gen = channel.flush_gen
+                self.call_at(now + self.tell_linger, lambda: self._flush_later(channel, gen))
             if self.capture is not None:
                 self.capture.record("send", lane.src, [encode_header(header), body])
             return header.id
@@ -950,26 +951,35 @@ class Node:
         channels: dict[str, Channel] | None = getattr(self._tls, "channels", None)
         if channels:
             for channel in channels.values():
-                if channel.held_head is not None:
+                if channel.held_head is not None or channel.flush_due:
                     with channel.lock:
                         self._flush_held(channel)
+                        # The channel's timer ends (_flush_later): this thread may now hold the lock for a
+                        # whole blocking call, and nothing is held for the timer to send.
+                        channel.flush_due = False
+                        channel.flush_gen += 1
 
-    def _flush_later(self, channel: Channel) -> None:
+    def _flush_later(self, channel: Channel, gen: int) -> None:
         """The channel's timer, on the I/O thread: send what it holds once the first held tell is
         ``tell_linger`` old, unless its owner is using the socket (then the owner's own send flushes them
         first, or, if the owner was only adding a tell, this tries again shortly). What is younger (a batch
         begun after the one the timer was set for left) is left to fill: the timer is set again for that
-        batch's own deadline. Nothing held: the timer ends. Never blocks."""
+        batch's own deadline. Nothing held: the timer ends; so does one whose ``gen`` the owner has moved
+        on (``_flush_mine``: it sent what was held, and a later batch sets a timer of its own). Never
+        blocks."""
         if not channel.lock.acquire(blocking=False):
-            self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel))
+            if channel.flush_gen == gen:  # read unlocked: at worst one more try, which then ends
+                self.call_at(self.monotonic() + 0.0002, lambda: self._flush_later(channel, gen))
             return
         try:
+            if channel.flush_gen != gen:
+                return
             if channel.closed or channel.held_head is None:
                 channel.flush_due = False
                 return
             due = channel.held_since + self.tell_linger
             if self.monotonic() < due:
-                self.call_at(due, lambda: self._flush_later(channel))
+                self.call_at(due, lambda: self._flush_later(channel, gen))
                 return
             channel.flush_due = False
             self._flush_held(channel)

@@ -264,6 +264,7 @@ class Channel:
         self.held_bytes = 0
         self.held_since = float("-inf")  # monotonic time the held batch's first tell was held
         self.flush_due = False  # the node's timer for this channel's held tells is set (Node._flush_later)
+        self.flush_gen = 0  # moved on by the owner to end that timer (Node._flush_mine)
         self.last_tell = float("-inf")  # monotonic time of the last tell this channel took
 
     def hold(self, header: Header, body: bytes, cost: int) -> None:

@@ -675,6 +675,34 @@ def test_a_held_batch_leaves_tell_linger_after_its_own_first_tell(make_node: Cal
     assert b.stats["seq_gaps"] == 0
 
 
+@pytest.mark.parametrize("held", [3, MAX_HELD], ids=["some-held", "last-batch-left-full"])
+def test_a_channels_timer_ends_once_its_thread_has_sent_what_it_held(
+    held: int, make_node: Callable[..., Node]
+) -> None:
+    """A thread that held tells and then sends anything else sends them first (MB-05), and may then keep
+    its channel for a whole blocking call. The timer set for what it held must end then, not try the
+    channel again every few hundred microseconds until the call returns: with what was held gone, it has
+    nothing to send. (``last-batch-left-full``: the burst's last batch left full, nothing is held, and the
+    timer is still set.)"""
+    clock = StepClock()
+    b = make_node("b", bind=[f"inproc://kb-{uuid.uuid4().hex}"])
+    b.spawn(Recorder, "recorder")
+    a = make_node("a", monotonic=clock, tell_linger=0.001)
+    a.connect(Peer("b", b.endpoints[0]), wait=WAIT)
+    a.tell("b/recorder", Echo(seq=0))  # at once
+    clock.t += 0.0001
+    for i in range(1, held + 1):  # held; the channel's timer is set for 1000.0011
+        a.tell("b/recorder", Echo(seq=i))
+    assert a.request("b/recorder", Echo(), timeout=WAIT).data == list(range(held + 1))  # sent first
+    channel = a._tls.lanes["b/recorder"].channel
+    timers = len(a.timers)
+    with channel.lock:  # as this thread holds it through a blocking call
+        clock.t += 0.002
+        a.call_in_io_thread(a.timers.run_due, timeout=WAIT)
+        assert len(a.timers) == timers - 1  # the timer ran and did not set itself again
+    assert b.stats["seq_gaps"] == 0
+
+
 def test_a_threads_futures_are_their_own_ordered_stream(pair: tuple[Node, Node]) -> None:
     """MB-05 for futures: they travel through the node's I/O thread, as a sender of their own."""
     a, b = pair
